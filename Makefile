@@ -1,0 +1,45 @@
+# The two commands: `make demo` runs the main job on the embedded local default,
+# `make test` runs the whole suite. Both install what they need into $DEDUP_CACHE
+# (default ~/.cache/dedup-operator) and reuse it on later runs.
+SHELL := /bin/bash
+export DEDUP_CACHE ?= $(HOME)/.cache/dedup-operator
+VENV := $(DEDUP_CACHE)/venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup setup-python setup-kafka setup-spark setup-kube test test-unit test-integration lint demo bench clean-cache
+
+setup: setup-python setup-kafka setup-spark setup-kube
+
+setup-python:
+	@bash scripts/setup-python.sh
+
+setup-kafka:
+	@bash scripts/setup-kafka.sh
+
+setup-spark: setup-python
+	@bash scripts/setup-spark.sh
+
+setup-kube:
+	@bash scripts/setup-kube.sh
+
+lint: setup-python
+	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	@echo "== mypy"; $(VENV)/bin/mypy
+
+test: setup lint
+	@bash scripts/test.sh
+
+test-unit: setup-python
+	@$(PY) -m pytest -m "not integration" tests
+
+test-integration: setup
+	@$(PY) -m pytest -m integration tests
+
+demo: setup
+	@bash scripts/demo.sh
+
+bench: setup
+	@$(PY) bench/store.py && $(PY) bench/worker_throughput.py
+
+clean-cache:
+	rm -rf "$(DEDUP_CACHE)"

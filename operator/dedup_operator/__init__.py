@@ -1,0 +1,1 @@
+"""The kopf operator that turns DedupPipeline resources into per-partition workers."""

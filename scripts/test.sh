@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole suite: fast unit tests first, then the integration tests against the real
+# Kafka broker, kube-apiserver and SparkSession. Prints progress per test.
+source "$(dirname "$0")/lib.sh"
+PY="$DEDUP_CACHE/venv/bin/python"
+cd "$REPO_ROOT"
+start=$(date +%s)
+log "unit tests"
+"$PY" -m pytest -m "not integration" -v -p no:cacheprovider tests
+log "integration tests (real Kafka, kube-apiserver, Spark)"
+"$PY" -m pytest -m integration -v -p no:cacheprovider tests
+log "all tests passed in $(( $(date +%s) - start ))s"

@@ -1,0 +1,1 @@
+"""PySpark jobs: end-to-end reconciliation audit and batch backfill."""

@@ -1,0 +1,7 @@
+"""Shared pytest configuration. Fixtures for the real parts live in tests/support/."""
+
+pytest_plugins = [
+    "support.kafka_fixtures",
+    "support.kube_fixtures",
+    "support.spark_fixtures",
+]
