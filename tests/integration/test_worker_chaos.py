@@ -1,0 +1,117 @@
+"""Crash safety: SIGKILL the worker at random moments (and, through the test-only fault
+point, right between a Kafka commit and the store write) while input flows; an
+independent reader then finds every id exactly once, in input order."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from support.worker_helpers import (
+    event,
+    produce,
+    read_committed,
+    start_worker,
+    unique,
+    worker_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+RECORDS = 200_000
+DUPLICATE_SHARE = 0.05
+MIN_KILLS = 20
+
+
+def make_stream(rng: random.Random) -> list[str]:
+    """RECORDS ids of which 5% repeat an earlier id: half recent, half far back."""
+    ids: list[str] = []
+    unique_count = 0
+    for _ in range(RECORDS):
+        if ids and rng.random() < DUPLICATE_SHARE:
+            back = rng.randint(1, 50) if rng.random() < 0.5 else rng.randint(1, len(ids))
+            ids.append(ids[max(0, len(ids) - back)])
+        else:
+            ids.append(f"c{unique_count}")
+            unique_count += 1
+    return ids
+
+
+def committed_offset(bootstrap: str, group: str, topic: str) -> int:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        return int(consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset)
+    finally:
+        consumer.close()
+
+
+def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path: Path) -> None:
+    rng = random.Random(20261121)
+    name = unique("chaos")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 1)
+    cfg = worker_config(kafka.bootstrap, tmp_path, name, batch_size=1000, linger_ms=20)
+    ids = make_stream(rng)
+
+    def feed() -> None:  # input keeps flowing while workers die
+        for start in range(0, RECORDS, 4000):
+            chunk = ids[start : start + 4000]
+            produce(
+                kafka.bootstrap, cfg.input_topic, (event(i, start + n) for n, i in enumerate(chunk))
+            )
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    log = tmp_path / "workers.log"
+    fault_env = {"DEDUP_TEST_FAULTS": "after-commit=0.03,before-commit=0.01"}
+    external_kills = self_kills = 0
+    deadline = time.monotonic() + 600
+    while external_kills < MIN_KILLS or feeder.is_alive():
+        assert time.monotonic() < deadline, "chaos phase took too long"
+        proc = start_worker(cfg, log, env=fault_env)
+        try:
+            proc.wait(timeout=rng.uniform(0.3, 2.5))
+            assert proc.returncode == -signal.SIGKILL, f"worker exited {proc.returncode}; see {log}"
+            self_kills += 1  # a fault point fired
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            external_kills += 1
+    feeder.join()
+
+    final = start_worker(cfg, log)
+    try:
+        deadline = time.monotonic() + 300
+        while committed_offset(kafka.bootstrap, cfg.group, cfg.input_topic) < RECORDS:
+            assert final.poll() is None, f"final worker died; see {log}"
+            assert time.monotonic() < deadline, "final worker did not catch up"
+            time.sleep(0.5)
+    finally:
+        final.send_signal(signal.SIGTERM)
+        assert final.wait(timeout=60) == 0
+
+    published = [
+        json.loads(m.value())["messageId"]
+        for m in read_committed(kafka.bootstrap, cfg.output_topic)
+    ]
+    expected = list(dict.fromkeys(ids))
+    duplicates = len(published) - len(set(published))
+    missing = set(expected) - set(published)
+    print(
+        f"kills: {external_kills} external + {self_kills} at fault points; published {len(published)}"
+    )
+    assert external_kills + self_kills >= MIN_KILLS
+    assert duplicates == 0, f"{duplicates} duplicate ids in the output"
+    assert not missing, f"{len(missing)} ids missing from the output, e.g. {sorted(missing)[:5]}"
+    assert published == expected, "output is in input order"

@@ -1,0 +1,185 @@
+"""Helpers for the worker's integration tests: produce events, run a worker in-process
+until it has consumed the input, and read back the ids in the output topic."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from dedup_worker.config import WorkerConfig
+from dedup_worker.ids import ID_HEADER
+from dedup_worker.loop import DedupWorker
+from dedup_worker.window import WindowPolicy
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
+
+
+def worker_config(bootstrap: str, tmp: Path, name: str, **overrides: Any) -> WorkerConfig:
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "input_topic": f"{name}-in",
+        "output_topic": f"{name}-out",
+        "dead_letter_topic": f"{name}-dlq",
+        "partition": 0,
+        "pipeline": name,
+        "store_path": tmp / f"{name}-store",
+        "window": WindowPolicy(duration_ms=24 * 3600 * 1000, max_keys=None),
+        "batch_size": 500,
+        "linger_ms": 50,
+    }
+    settings.update(overrides)
+    return WorkerConfig(**settings)
+
+
+def event(message_id: str, n: int = 0) -> bytes:
+    return json.dumps({"messageId": message_id, "n": n, "pad": "x" * 200}).encode()
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    values: Iterable[bytes | None],
+    partition: int = 0,
+    timestamps: Sequence[int] | None = None,
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[list[tuple[str, bytes]] | None] | None = None,
+) -> int:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )
+    count = 0
+    for i, value in enumerate(values):
+        kwargs: dict[str, Any] = {"value": value, "partition": partition}
+        if timestamps is not None:
+            kwargs["timestamp"] = timestamps[i]
+        if keys is not None:
+            kwargs["key"] = keys[i]
+        if headers is not None and headers[i] is not None:
+            kwargs["headers"] = headers[i]
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    assert producer.flush(60) == 0
+    return count
+
+
+def run_until_consumed(worker: DedupWorker, total: int, timeout_s: float = 120) -> None:
+    """Start the worker, process batches until `total` input records are consumed, close."""
+    worker.start()
+    consumed = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while consumed < total:
+            assert time.monotonic() < deadline, f"worker consumed {consumed} of {total} in time"
+            consumed += worker.process_batch().consumed
+    finally:
+        worker.close()
+
+
+def drain(worker: DedupWorker, idle_batches: int = 3, timeout_s: float = 120) -> int:
+    """Process batches of a started worker until `idle_batches` in a row consume nothing."""
+    consumed = idle = 0
+    deadline = time.monotonic() + timeout_s
+    while idle < idle_batches:
+        assert time.monotonic() < deadline, "worker did not go idle in time"
+        n = worker.process_batch().consumed
+        consumed += n
+        idle = 0 if n else idle + 1
+    return consumed
+
+
+def read_committed(
+    bootstrap: str, topic: str, partition: int = 0, timeout_s: float = 60
+) -> list[Message]:
+    """Every committed record of one partition, from the beginning to the current end.
+    An independent reader: it shares nothing with the worker but the broker."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("reader"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    out: list[Message] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 1.0):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                else:
+                    raise RuntimeError(err.str())
+        raise TimeoutError(f"did not reach the end of {topic}[{partition}] in {timeout_s}s")
+    finally:
+        consumer.close()
+
+
+def output_ids(bootstrap: str, topic: str, partition: int = 0) -> list[str]:
+    ids = []
+    for msg in read_committed(bootstrap, topic, partition):
+        header = dict(msg.headers() or []).get(ID_HEADER)
+        assert header is not None, f"output record at offset {msg.offset()} lacks {ID_HEADER}"
+        ids.append(header.decode())
+    return ids
+
+
+def payload_ids(messages: Iterable[Message]) -> list[str]:
+    return [json.loads(m.value())["messageId"] for m in messages]
+
+
+def worker_command(cfg: WorkerConfig, metrics_port: int = 0) -> list[str]:
+    """The `dedup-worker` command line for a config (subprocess tests)."""
+    argv = [
+        sys.executable, "-m", "dedup_worker.cli",
+        "--bootstrap-servers", cfg.bootstrap_servers,
+        "--input-topic", cfg.input_topic,
+        "--output-topic", cfg.output_topic,
+        "--partition", str(cfg.partition),
+        "--pipeline", cfg.pipeline,
+        "--store-path", str(cfg.store_path),
+        "--batch-size", str(cfg.batch_size),
+        "--linger-ms", str(cfg.linger_ms),
+        "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    if cfg.dead_letter_topic:
+        argv += ["--dead-letter-topic", cfg.dead_letter_topic]
+    if cfg.window.duration_ms is not None:
+        argv += ["--window-duration", f"{cfg.window.duration_ms // 1000}s"]
+    if cfg.window.max_keys is not None:
+        argv += ["--window-max-keys", str(cfg.window.max_keys)]
+    return argv
+
+
+def start_worker(
+    cfg: WorkerConfig, log_path: Path, metrics_port: int = 0, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log = log_path.open("ab")
+    return subprocess.Popen(
+        worker_command(cfg, metrics_port),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )

@@ -1,0 +1,73 @@
+"""The worker's command line: flags, environment variables and clear configuration errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dedup_worker.cli import EXIT_CONFIG, build_parser, config_from_args, main
+from dedup_worker.config import transactional_id
+
+BASE = [
+    "--bootstrap-servers", "127.0.0.1:9092",
+    "--input-topic", "events",
+    "--output-topic", "events-deduped",
+    "--partition", "3",
+    "--pipeline", "events",
+    "--store-path", "/tmp/store",
+    "--window-duration", "2h",
+]  # fmt: skip
+
+
+def test_flags_build_a_config() -> None:
+    cfg = config_from_args(
+        build_parser().parse_args(
+            [*BASE, "--window-max-keys", "1000", "--kafka-config", "a=1, b = 2"]
+        )
+    )
+    assert cfg.partition == 3
+    assert cfg.store_path == Path("/tmp/store")
+    assert cfg.window.duration_ms == 2 * 3600 * 1000
+    assert cfg.window.max_keys == 1000
+    assert cfg.group == "dedup-events"
+    assert cfg.kafka_settings == {"a": "1", "b": "2"}
+    assert cfg.transactional_id == transactional_id("default", "events", 3)
+
+
+def test_environment_supplies_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEDUP_PARTITION", "7")
+    monkeypatch.setenv("DEDUP_ID_SOURCE", "header")
+    monkeypatch.setenv("DEDUP_ID_FIELD", "x-id")
+    argv = [a for a in BASE]
+    i = argv.index("--partition")
+    del argv[i : i + 2]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.partition == 7
+    assert cfg.id_spec.source == "header" and cfg.id_spec.field == "x-id"
+
+
+def test_missing_settings_are_named_with_their_variables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--input-topic", "a"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "--bootstrap-servers (DEDUP_BOOTSTRAP_SERVERS)" in err
+    assert "--store-path" in err
+
+
+def test_same_input_and_output_topic_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*BASE]
+    argv[argv.index("events-deduped")] = "events"
+    assert main(argv) == EXIT_CONFIG
+    assert "must differ" in capsys.readouterr().err
+
+
+def test_window_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = BASE[:-2]
+    assert main(argv) == EXIT_CONFIG
+    assert "set a window" in capsys.readouterr().err
+
+
+def test_bad_number_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--batch-size", "lots"]) == EXIT_CONFIG
+    assert "--batch-size must be a whole number" in capsys.readouterr().err

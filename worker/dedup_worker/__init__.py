@@ -1,0 +1,1 @@
+"""The dedup worker: one Kafka input partition -> RocksDB window -> one output partition."""

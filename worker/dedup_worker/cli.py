@@ -1,0 +1,193 @@
+"""`dedup-worker`: run one partition's exactly-once deduplication.
+
+Every flag can also come from an environment variable (named in --help), which is how the
+operator configures worker pods. Runs standalone against any Kafka: no Kubernetes needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from dedup_worker import logs
+from dedup_worker.config import WorkerConfig, default_consumer_group
+from dedup_worker.fencing import Fenced
+from dedup_worker.ids import IdSpec
+from dedup_worker.loop import DedupWorker, NoDeadLetterTopic
+from dedup_worker.metrics import Health, WorkerMetrics, serve
+from dedup_worker.store import StoreConfig, StoreError
+from dedup_worker.window import WindowPolicy, parse_duration_ms
+
+log = logging.getLogger("dedup_worker")
+
+EXIT_FENCED = 3
+EXIT_CONFIG = 2
+EXIT_STOPPED_ON_INPUT = 4
+EXIT_STORE = 5
+
+_ENV_PREFIX = "DEDUP_"
+
+
+def _env(flag: str) -> str:
+    return _ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dedup-worker",
+        description=(
+            "Deduplicate one Kafka partition exactly once: read input partition P, drop ids "
+            "already published within the window (kept in a RocksDB store), and publish the "
+            "rest to output partition P in Kafka transactions. Malformed records go to the "
+            "dead-letter topic with a reason."
+        ),
+        epilog=(
+            "Every option can be set by environment variable DEDUP_<OPTION> (upper case, "
+            "dashes as underscores), e.g. DEDUP_BOOTSTRAP_SERVERS. Exit codes: 0 stopped "
+            "cleanly, 2 bad configuration, 3 fenced by a newer worker, 4 stopped on input "
+            "it may not drop, 5 store refused."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+
+    def opt(flag: str, help: str, **kw: object) -> None:
+        env = _env(flag)
+        default = os.environ.get(env, kw.pop("default", None))
+        p.add_argument(f"--{flag}", default=default, help=f"{help} [env {env}]", **kw)  # type: ignore[arg-type]
+
+    opt("bootstrap-servers", "Kafka bootstrap servers, host:port[,host:port]")
+    opt("input-topic", "topic to deduplicate")
+    opt("output-topic", "topic receiving each id once")
+    opt("dead-letter-topic", "topic for records without a valid id (with reason headers)")
+    opt("partition", "input partition this worker owns (output partition is the same)")
+    opt("pipeline", "pipeline name (store ownership, transactional id, consumer group)")
+    opt("namespace", "namespace of the pipeline", default="default")
+    opt(
+        "consumer-group",
+        "consumer group for the committed input offsets (default: dedup-<pipeline>)",
+    )
+    opt("store-path", "directory of the RocksDB window (its own persistent volume)")
+    opt(
+        "id-source",
+        "where the message id is",
+        default="jsonField",
+        choices=["jsonField", "header", "key"],
+    )
+    opt("id-field", "JSON field path (a.b.c) or header name holding the id", default="messageId")
+    opt("window-duration", "ids older than this expire, e.g. 672h, 7d", default=None)
+    opt("window-max-keys", "at most this many ids, oldest expire first", default=None)
+    opt("batch-size", "records per transaction at most", default="5000")
+    opt("linger-ms", "wait at most this long to fill a batch", default="20")
+    opt("block-cache-mb", "RocksDB block cache", default="64")
+    opt("metrics-port", "port for /metrics, /healthz, /readyz (0 = off)", default="9400")
+    opt(
+        "kafka-config",
+        "extra librdkafka settings, key=value[,key=value] (e.g. security)",
+        default="",
+    )
+    opt("log-level", "DEBUG, INFO, WARNING", default="INFO")
+    opt("log-format", "json or text", default="json", choices=["json", "text"])
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    missing = [
+        flag
+        for flag in (
+            "bootstrap_servers",
+            "input_topic",
+            "output_topic",
+            "partition",
+            "pipeline",
+            "store_path",
+        )
+        if getattr(args, flag) in (None, "")
+    ]
+    if missing:
+        names = ", ".join(f"--{m.replace('_', '-')} ({_env(m)})" for m in missing)
+        raise ValueError(f"missing required settings: {names}")
+    if args.window_duration is None and args.window_max_keys is None:
+        raise ValueError("set a window: --window-duration and/or --window-max-keys")
+    window = WindowPolicy(
+        duration_ms=parse_duration_ms(args.window_duration) if args.window_duration else None,
+        max_keys=_int(args.window_max_keys, "window-max-keys") if args.window_max_keys else None,
+    )
+    kafka_settings: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in args.kafka_config.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--kafka-config item {item!r} is not key=value")
+        kafka_settings[key.strip()] = value.strip()
+    metrics_port = _int(args.metrics_port, "metrics-port")
+    return WorkerConfig(
+        bootstrap_servers=args.bootstrap_servers,
+        input_topic=args.input_topic,
+        output_topic=args.output_topic,
+        dead_letter_topic=args.dead_letter_topic or None,
+        partition=_int(args.partition, "partition"),
+        pipeline=args.pipeline,
+        namespace=args.namespace,
+        consumer_group=args.consumer_group or default_consumer_group(args.pipeline),
+        store_path=Path(args.store_path),
+        id_spec=IdSpec(source=args.id_source, field=args.id_field),
+        window=window,
+        batch_size=_int(args.batch_size, "batch-size"),
+        linger_ms=_int(args.linger_ms, "linger-ms"),
+        store=StoreConfig(
+            block_cache_bytes=_int(args.block_cache_mb, "block-cache-mb") * 1024 * 1024
+        ),
+        kafka_settings=kafka_settings,
+        metrics_port=metrics_port or None,
+    )
+
+
+def _int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"--{flag} must be a whole number, got {text!r}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"dedup-worker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    metrics = WorkerMetrics(config.pipeline, config.partition)
+    health = Health()
+    if config.metrics_port:
+        serve(metrics, health, config.metrics_port)
+    worker = DedupWorker(config, metrics=metrics, health=health)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping after the batch in hand", extra={"signal": signal.Signals(signum).name})
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.run()
+    except Fenced as exc:
+        log.error("fenced: %s", exc)
+        return EXIT_FENCED
+    except NoDeadLetterTopic as exc:
+        log.error("%s", exc)
+        return EXIT_STOPPED_ON_INPUT
+    except StoreError as exc:
+        log.error("store refused: %s", exc)
+        return EXIT_STORE
+    log.info("stopped cleanly")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,385 @@
+"""The exactly-once loop of one worker: input partition -> window -> output partition.
+
+Start-up (DESIGN section 4): fencing token, store, transactional producer
+(`init_transactions` fences zombies), catch-up from the output topic, resume input from
+the offset committed in the last transaction. Then per batch: triage, multi-get, one
+Kafka transaction (output records, dead letters, input offsets), and only after the
+commit one store write batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from dedup_worker import faults
+from dedup_worker.batch import Candidate, DeadLetter, Record, select_new, triage
+from dedup_worker.config import WorkerConfig
+from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
+from dedup_worker.ids import ID_HEADER
+from dedup_worker.metrics import Health, WorkerMetrics
+from dedup_worker.recovery import catch_up
+from dedup_worker.store import Store
+
+log = logging.getLogger(__name__)
+
+# Headers a dead letter carries besides the original record's own.
+DLQ_REASON = "dedup.reason"
+DLQ_DETAIL = "dedup.detail"
+DLQ_TOPIC = "dedup.origin.topic"
+DLQ_PARTITION = "dedup.origin.partition"
+DLQ_OFFSET = "dedup.origin.offset"
+
+_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+class NoDeadLetterTopic(RuntimeError):
+    """A record has no valid id and no dead-letter topic is configured: stopping rather
+    than dropping it. The input offset is not committed, so nothing is lost."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    consumed: int
+    published: int
+    duplicates: int
+    dead_letters: int
+
+
+class DedupWorker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        fencing: FencingToken | None = None,
+        metrics: WorkerMetrics | None = None,
+        health: Health | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.fencing = fencing or AlwaysHeld()
+        self.metrics = metrics or WorkerMetrics(config.pipeline, config.partition)
+        self.health = health or Health()
+        self.clock = clock
+        self._stop = threading.Event()
+        self._input = TopicPartition(config.input_topic, config.partition)
+        self._now_ms = 0  # newest input record timestamp seen: the window's clock
+        self._last_out_offset = -1
+        self.store: Store | None = None
+        self.producer: Producer | None = None
+        self.consumer: Consumer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in hand and return (SIGTERM does this)."""
+        self._stop.set()
+
+    def run(self, max_batches: int | None = None) -> None:
+        try:
+            self.start()
+            batches = 0
+            while not self._stop.is_set() and (max_batches is None or batches < max_batches):
+                self.process_batch()
+                batches += 1
+        finally:
+            self.close()
+
+    def start(self) -> None:
+        cfg = self.config
+        started = time.monotonic()
+        if not self.fencing.held():
+            raise Fenced(
+                f"partition {cfg.partition} of {cfg.pipeline}: fencing token not held at start"
+            )
+        self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
+        self.producer = Producer(self._producer_settings())
+        log.info("initialising transactions", extra={"transactional_id": cfg.transactional_id})
+        self._kafka_call(lambda: self.producer.init_transactions(60))  # type: ignore[union-attr]
+        self.consumer = Consumer(self._consumer_settings())
+        rebuild_from = None
+        if cfg.window.duration_ms is not None:
+            rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
+        recovered = catch_up(
+            self.store, self.consumer, cfg.output_topic, cfg.partition, rebuild_from
+        )
+        resume = self._resume_offset()
+        self.consumer.assign([TopicPartition(cfg.input_topic, cfg.partition, resume)])
+        seconds = time.monotonic() - started
+        self.metrics.recovery_seconds.set(seconds)
+        self.metrics.recovered_ids.set(recovered.ids)
+        self._refresh_store_gauges()
+        self.health.ready = True
+        self.health.beat()
+        log.info(
+            "worker ready",
+            extra={
+                "pipeline": cfg.pipeline,
+                "partition": cfg.partition,
+                "input_offset": resume,
+                "store_keys": self.store.key_count,
+                "recovered_ids": recovered.ids,
+                "startup_seconds": round(seconds, 3),
+            },
+        )
+
+    def close(self) -> None:
+        self.health.ready = False
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+        if self.producer is not None:
+            self.producer.flush(10)
+            self.producer = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # -- one batch -------------------------------------------------------------------
+
+    def process_batch(self) -> BatchResult:
+        assert self.consumer is not None and self.store is not None
+        cfg = self.config
+        messages = self.consumer.consume(cfg.batch_size, cfg.linger_ms / 1000)
+        self.health.beat()
+        records = self._records(messages)
+        if not records:
+            self._update_lag()
+            return BatchResult(0, 0, 0, 0)
+        self._now_ms = max(self._now_ms, max(r.timestamp_ms for r in records))
+        split = triage(records, cfg.id_spec)
+        if split.dead_letters and cfg.dead_letter_topic is None:
+            bad = split.dead_letters[0]
+            raise NoDeadLetterTopic(
+                f"offset {bad.record.offset} of {cfg.input_topic}[{cfg.partition}] has no valid "
+                f"id ({bad.reason}: {bad.detail}) and no dead-letter topic is configured; "
+                "set --dead-letter-topic (spec.kafka.deadLetterTopic) to route such records"
+            )
+        present = self.store.contains_many([c.key for c in split.firsts])
+        new = select_new(split.firsts, present)
+        duplicates = split.repeats + len(split.firsts) - len(new)
+        next_input = records[-1].offset + 1
+
+        started = time.monotonic()
+        committed = self._commit(new, split.dead_letters, next_input)
+        if not committed:
+            self.consumer.seek(TopicPartition(cfg.input_topic, cfg.partition, records[0].offset))
+            return BatchResult(0, 0, 0, 0)
+        self.metrics.batch_seconds.observe(time.monotonic() - started)
+        faults.maybe_crash("after-commit")
+
+        self.store.record_batch(
+            [c.key for c in new],
+            max((c.record.timestamp_ms for c in new), default=self._now_ms),
+            input_next_offset=next_input,
+            output_next_offset=self._last_out_offset + 1 if new else None,
+        )
+        expired = self.store.expire(self._now_ms)
+
+        m = self.metrics
+        m.records_in.inc(len(records))
+        m.records_out.inc(len(new))
+        m.duplicates.inc(duplicates)
+        for dead in split.dead_letters:
+            m.dead_letter(dead.reason)
+        if expired:
+            m.expired_ids.inc(expired)
+        self._refresh_store_gauges()
+        self._update_lag()
+        return BatchResult(len(records), len(new), duplicates, len(split.dead_letters))
+
+    def _commit(
+        self, new: Sequence[Candidate], dead: Sequence[DeadLetter], next_input: int
+    ) -> bool:
+        """One transaction: output records, dead letters, input offset. False if it was
+        aborted and the batch must be redone; raises Fenced when this worker is a zombie."""
+        assert self.producer is not None and self.consumer is not None
+        producer = self.producer
+        cfg = self.config
+        try:
+            producer.begin_transaction()
+            last = len(new) - 1
+            for i, cand in enumerate(new):
+                rec = cand.record
+                headers = list(rec.headers or ())
+                headers.append((ID_HEADER, cand.message_id.encode("utf-8", "surrogatepass")))
+                self._produce(
+                    cfg.output_topic,
+                    rec.value,
+                    rec.key,
+                    headers,
+                    rec.timestamp_ms,
+                    partition=cfg.partition,
+                    on_delivery=self._on_last_delivery if i == last else None,
+                )
+            for dl in dead:
+                self._produce(
+                    cfg.dead_letter_topic or "",
+                    dl.record.value,
+                    dl.record.key,
+                    self._dead_letter_headers(dl),
+                    dl.record.timestamp_ms,
+                )
+            if not self.fencing.held():
+                self.metrics.fencing_events.inc()
+                producer.abort_transaction(30)
+                raise Fenced(
+                    f"partition {cfg.partition}: lost the fencing token; transaction aborted"
+                )
+            producer.flush()
+            producer.send_offsets_to_transaction(
+                [TopicPartition(cfg.input_topic, cfg.partition, next_input)],
+                self.consumer.consumer_group_metadata(),
+            )
+            faults.maybe_crash("before-commit")
+            producer.commit_transaction()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and (err.code() in _FENCED_CODES or err.fatal()):
+                self.metrics.fencing_events.inc()
+                raise Fenced(
+                    f"partition {cfg.partition}: another worker took over transactional id "
+                    f"{cfg.transactional_id} ({err.str()}); this one must stop"
+                ) from exc
+            if isinstance(err, KafkaError) and err.txn_requires_abort():
+                log.warning("transaction aborted; redoing the batch", extra={"error": err.str()})
+                producer.abort_transaction(30)
+                self.metrics.aborts.inc()
+                return False
+            raise
+        self.metrics.transactions.inc()
+        return True
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]],
+        timestamp_ms: int,
+        partition: int | None = None,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+    ) -> None:
+        assert self.producer is not None
+        kwargs: dict[str, object] = {
+            "value": value,
+            "key": key,
+            "headers": headers,
+            "timestamp": timestamp_ms,
+        }
+        if partition is not None:
+            kwargs["partition"] = partition
+        if on_delivery is not None:
+            kwargs["on_delivery"] = on_delivery
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:  # local queue full: let librdkafka drain it
+                self.producer.poll(0.05)
+
+    def _on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._last_out_offset = int(msg.offset())
+
+    def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
+        headers = list(dead.record.headers or ())
+        headers += [
+            (DLQ_REASON, dead.reason.encode()),
+            (DLQ_DETAIL, dead.detail.encode("utf-8", "replace")),
+            (DLQ_TOPIC, self.config.input_topic.encode()),
+            (DLQ_PARTITION, str(self.config.partition).encode()),
+            (DLQ_OFFSET, str(dead.record.offset).encode()),
+        ]
+        return headers
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _records(self, messages: list[Message]) -> list[Record]:
+        records: list[Record] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(err)
+            records.append(
+                Record(msg.offset(), msg.key(), msg.value(), msg.headers(), msg.timestamp()[1])
+            )
+        return records
+
+    def _resume_offset(self) -> int:
+        assert self.consumer is not None
+        committed = self.consumer.committed([self._input], timeout=30)[0].offset
+        return int(committed) if committed >= 0 else OFFSET_BEGINNING
+
+    def _update_lag(self) -> None:
+        assert self.consumer is not None
+        try:
+            _, high = self.consumer.get_watermark_offsets(self._input, cached=True)
+            position = self.consumer.position([self._input])[0].offset
+        except KafkaException:
+            return
+        if high >= 0 and position >= 0:
+            self.metrics.consumer_lag.set(max(0, high - position))
+
+    def _refresh_store_gauges(self) -> None:
+        assert self.store is not None
+        self.metrics.store_keys.set(self.store.key_count)
+        oldest = self.store.oldest_timestamp_ms
+        if oldest is not None and self._now_ms:
+            self.metrics.window_age.set(max(0.0, (self._now_ms - oldest) / 1000))
+
+    def refresh_disk_gauge(self) -> None:
+        if self.store is not None:
+            self.metrics.store_bytes.set(self.store.disk_bytes())
+
+    def _kafka_call(self, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in _FENCED_CODES:
+                raise Fenced(str(err)) from exc
+            raise
+
+    def _producer_settings(self) -> dict[str, object]:
+        cfg = self.config
+        return {
+            "bootstrap.servers": cfg.bootstrap_servers,
+            "transactional.id": cfg.transactional_id,
+            "transaction.timeout.ms": cfg.transaction_timeout_ms,
+            "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": max(100_000, cfg.batch_size * 4),
+            "compression.type": "lz4",
+            **cfg.kafka_settings,
+        }
+
+    def _consumer_settings(self) -> dict[str, object]:
+        cfg = self.config
+        return {
+            "bootstrap.servers": cfg.bootstrap_servers,
+            "group.id": cfg.group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 52_428_800,
+            "max.partition.fetch.bytes": 10_485_760,
+            "queued.min.messages": max(100_000, cfg.batch_size * 4),
+            **cfg.kafka_settings,
+        }

@@ -1,0 +1,131 @@
+"""Prometheus metrics of a worker and the one HTTP port that serves them with the
+health probes: `/metrics`, `/healthz` (process alive, loop not stuck) and `/readyz`
+(recovered and consuming)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LABELS = ("pipeline", "partition")
+
+
+class WorkerMetrics:
+    """Every series a worker exports. One registry per worker (tests run several)."""
+
+    def __init__(self, pipeline: str, partition: int) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"pipeline": pipeline, "partition": str(partition)}
+        r = self.registry
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=r)
+
+        self.records_in = counter("dedup_records_in", "Input records consumed").labels(**labels)
+        self.records_out = counter(
+            "dedup_records_out", "Records published to the output topic"
+        ).labels(**labels)
+        self.duplicates = counter(
+            "dedup_duplicates", "Records dropped as duplicates of an id in the window"
+        ).labels(**labels)
+        self._dead_letters = Counter(
+            "dedup_dead_letters",
+            "Records sent to the dead-letter topic, by reason",
+            (*LABELS, "reason"),
+            registry=r,
+        )
+        self._labels = labels
+        self.transactions = counter("dedup_transactions", "Committed transactions").labels(**labels)
+        self.aborts = counter("dedup_transaction_aborts", "Aborted transactions").labels(**labels)
+        self.fencing_events = counter(
+            "dedup_fencing_events", "Times this worker found itself fenced"
+        ).labels(**labels)
+        self.batch_seconds = Histogram(
+            "dedup_batch_commit_seconds",
+            "Time from the start of a batch's transaction to its commit",
+            LABELS,
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        ).labels(**labels)
+        self.store_keys = gauge("dedup_store_keys", "Ids held in the window").labels(**labels)
+        self.store_bytes = gauge("dedup_store_bytes", "Bytes of the store on disk").labels(**labels)
+        self.window_age = gauge(
+            "dedup_window_age_seconds", "Age of the oldest id in the window (effective window)"
+        ).labels(**labels)
+        self.consumer_lag = gauge(
+            "dedup_consumer_lag", "Input records behind the partition's end"
+        ).labels(**labels)
+        self.recovery_seconds = gauge(
+            "dedup_recovery_seconds", "Duration of the last start-up recovery"
+        ).labels(**labels)
+        self.recovered_ids = gauge(
+            "dedup_recovered_ids", "Ids re-applied from the output topic at the last start-up"
+        ).labels(**labels)
+        self.expired_ids = counter("dedup_expired_ids", "Ids aged out of the window").labels(
+            **labels
+        )
+
+    def dead_letter(self, reason: str, count: int = 1) -> None:
+        self._dead_letters.labels(**self._labels, reason=reason).inc(count)
+
+
+class Health:
+    """Liveness and readiness as the loop reports them."""
+
+    def __init__(self, stuck_after_s: float = 120.0) -> None:
+        self.ready = False
+        self.stuck_after_s = stuck_after_s
+        self._beat = time.monotonic()
+
+    def beat(self) -> None:
+        self._beat = time.monotonic()
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._beat < self.stuck_after_s
+
+
+def serve(
+    metrics: WorkerMetrics, health: Health, port: int, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on `port` from a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok = health.alive()
+                self._send(200 if ok else 503, b"ok\n" if ok else b"loop stuck\n")
+            elif self.path == "/readyz":
+                ok = health.ready
+                self._send(200 if ok else 503, b"ready\n" if ok else b"recovering\n")
+            else:
+                self._send(404, b"not found: try /metrics, /healthz, /readyz\n")
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds would drown the structured log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -1,0 +1,128 @@
+"""Start-up recovery: make the store agree with the output topic, the source of truth.
+
+The store is written only after a Kafka commit, so it can lag the output topic (a crash
+between commit and store write) but never lead it. Reading the output partition from the
+store's applied output offset to its end re-applies whatever it missed; an empty or lost
+store is rebuilt the same way over the window. Every output record carries its id in the
+`ID_HEADER` header, so no payload is parsed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from dedup_worker.ids import ID_HEADER, id_key
+from dedup_worker.store import Store
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_BATCH = 20_000
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    from_offset: int
+    next_offset: int
+    ids: int
+    records_without_id: int
+    seconds: float
+    rebuilt: bool
+
+
+def start_offset(
+    store: Store, consumer: Consumer, tp: TopicPartition, rebuild_from_ms: int | None
+) -> tuple[int, bool]:
+    """Where to start reading the output partition, and whether this is a full rebuild."""
+    applied = store.output_next_offset
+    if applied is not None:
+        return applied, False
+    if rebuild_from_ms is None:
+        return OFFSET_BEGINNING, True
+    found = consumer.offsets_for_times(
+        [TopicPartition(tp.topic, tp.partition, rebuild_from_ms)], timeout=30
+    )
+    offset = found[0].offset
+    if offset < 0:  # nothing that recent: the window holds no published id
+        _, high = consumer.get_watermark_offsets(tp, timeout=30)
+        return int(high), True
+    return int(offset), True
+
+
+def catch_up(
+    store: Store, consumer: Consumer, topic: str, partition: int, rebuild_from_ms: int | None
+) -> CatchUp:
+    """Read the output partition (read_committed) to its end into the store.
+
+    `consumer` must have `enable.partition.eof` on and no assignment; it is left unassigned.
+    """
+    started = time.monotonic()
+    tp = TopicPartition(topic, partition)
+    first, rebuilt = start_offset(store, consumer, tp, rebuild_from_ms)
+    log.info(
+        "catch-up from output topic",
+        extra={"topic": topic, "partition": partition, "from_offset": first, "rebuild": rebuilt},
+    )
+    consumer.assign([TopicPartition(topic, partition, first)])
+    applied = 0
+    without_id = 0
+    next_offset = first
+    last_report = started
+    try:
+        done = False
+        while not done:
+            keys: list[bytes] = []
+            newest_ms = 0
+            for msg in consumer.consume(CATCH_UP_BATCH, 1.0):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done = True
+                        next_offset = max(next_offset, int(msg.offset()))
+                        continue
+                    raise KafkaException(err)
+                next_offset = int(msg.offset()) + 1
+                message_id = _id_header(msg.headers())
+                if message_id is None:
+                    without_id += 1
+                    continue
+                keys.append(id_key(message_id))
+                newest_ms = max(newest_ms, int(msg.timestamp()[1]))
+            if keys or next_offset != (store.output_next_offset or first):
+                store.record_batch(
+                    keys, newest_ms, input_next_offset=None, output_next_offset=next_offset
+                )
+                applied += len(keys)
+            if time.monotonic() - last_report > 10:
+                last_report = time.monotonic()
+                log.info("catch-up progress", extra={"ids": applied, "offset": next_offset})
+    finally:
+        consumer.unassign()
+    if without_id:
+        log.warning(
+            "output records without an id header were skipped; something other than this "
+            "worker writes to the output topic",
+            extra={"count": without_id, "header": ID_HEADER},
+        )
+    result = CatchUp(first, next_offset, applied, without_id, time.monotonic() - started, rebuilt)
+    log.info(
+        "catch-up done",
+        extra={
+            "ids": result.ids,
+            "from_offset": result.from_offset,
+            "next_offset": result.next_offset,
+            "seconds": round(result.seconds, 3),
+            "rebuild": rebuilt,
+        },
+    )
+    return result
+
+
+def _id_header(headers: list[tuple[str, bytes | None]] | None) -> str | None:
+    for name, value in headers or ():
+        if name == ID_HEADER and value is not None:
+            return value.decode("utf-8", errors="surrogateescape")
+    return None
