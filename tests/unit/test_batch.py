@@ -10,7 +10,7 @@ from dedup_worker.ids import IdSpec, id_key
 
 
 def rec(offset: int, value: bytes | None, key: bytes | None = None) -> Record:
-    return Record(offset=offset, key=key, value=value, headers=None, timestamp_ms=1000 + offset)
+    return Record(offset, key, value, None, 1000 + offset)
 
 
 def event(message_id: str) -> bytes:
@@ -27,7 +27,7 @@ def test_triage_keeps_first_occurrence_in_input_order_and_counts_repeats() -> No
     ]
     split = triage(records, IdSpec())
     assert [c.message_id for c in split.firsts] == ["a", "b", "c"]
-    assert [c.record.offset for c in split.firsts] == [0, 1, 3]
+    assert [c.record.offset() for c in split.firsts] == [0, 1, 3]
     assert split.repeats == 2
     assert split.dead_letters == []
     assert split.firsts[0].key == id_key("a")
@@ -42,7 +42,7 @@ def test_triage_routes_records_without_a_valid_id_to_dead_letters_with_reason() 
     ]
     split = triage(records, IdSpec())
     assert [c.message_id for c in split.firsts] == ["ok"]
-    assert [(d.record.offset, d.reason) for d in split.dead_letters] == [
+    assert [(d.record.offset(), d.reason) for d in split.dead_letters] == [
         (0, "not_json"),
         (2, "missing_id"),
         (3, "null_value"),

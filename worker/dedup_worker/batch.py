@@ -8,33 +8,60 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key
 
 Headers = list[tuple[str, bytes | None]]
 
 
+class InputRecord(Protocol):
+    """One consumed record. confluent-kafka's `Message` has exactly this shape, so the
+    hot loop hands messages straight in without copying them into another object."""
+
+    def offset(self) -> int: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> Headers | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One input record, as much of it as the decisions need (and what is republished)."""
+    """A plain `InputRecord` (tests, replays)."""
 
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Headers | None
-    timestamp_ms: int
+    at: int
+    key_bytes: bytes | None
+    value_bytes: bytes | None
+    header_list: Headers | None = None
+    timestamp_ms: int = 0
+
+    def offset(self) -> int:
+        return self.at
+
+    def key(self) -> bytes | None:
+        return self.key_bytes
+
+    def value(self) -> bytes | None:
+        return self.value_bytes
+
+    def headers(self) -> Headers | None:
+        return self.header_list
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self.timestamp_ms)  # TIMESTAMP_CREATE_TIME
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    record: Record
+    record: InputRecord
     message_id: str
     key: bytes  # the fixed-width store key of message_id
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    record: Record
+    record: InputRecord
     reason: str
     detail: str
 
@@ -48,14 +75,14 @@ class Triage:
     dead_letters: list[DeadLetter]
 
 
-def triage(records: Sequence[Record], spec: IdSpec) -> Triage:
+def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
     firsts: list[Candidate] = []
     dead: list[DeadLetter] = []
     seen: set[bytes] = set()
     repeats = 0
     for record in records:
         try:
-            message_id = extract_id(spec, record.key, record.value, record.headers)
+            message_id = extract_id(spec, record.key(), record.value(), record.headers())
         except InvalidRecord as invalid:
             dead.append(DeadLetter(record, invalid.reason, invalid.detail))
             continue

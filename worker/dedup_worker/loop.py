@@ -26,7 +26,7 @@ from confluent_kafka import (
 )
 
 from dedup_worker import faults
-from dedup_worker.batch import Candidate, DeadLetter, Record, select_new, triage
+from dedup_worker.batch import Candidate, DeadLetter, select_new, triage
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
@@ -158,31 +158,31 @@ class DedupWorker:
         if not records:
             self._update_lag()
             return BatchResult(0, 0, 0, 0)
-        self._now_ms = max(self._now_ms, max(r.timestamp_ms for r in records))
+        self._now_ms = max(self._now_ms, max(r.timestamp()[1] for r in records))
         split = triage(records, cfg.id_spec)
         if split.dead_letters and cfg.dead_letter_topic is None:
             bad = split.dead_letters[0]
             raise NoDeadLetterTopic(
-                f"offset {bad.record.offset} of {cfg.input_topic}[{cfg.partition}] has no valid "
+                f"offset {bad.record.offset()} of {cfg.input_topic}[{cfg.partition}] has no valid "
                 f"id ({bad.reason}: {bad.detail}) and no dead-letter topic is configured; "
                 "set --dead-letter-topic (spec.kafka.deadLetterTopic) to route such records"
             )
         present = self.store.contains_many([c.key for c in split.firsts])
         new = select_new(split.firsts, present)
         duplicates = split.repeats + len(split.firsts) - len(new)
-        next_input = records[-1].offset + 1
+        next_input = records[-1].offset() + 1
 
         started = time.monotonic()
         committed = self._commit(new, split.dead_letters, next_input)
         if not committed:
-            self.consumer.seek(TopicPartition(cfg.input_topic, cfg.partition, records[0].offset))
+            self.consumer.seek(TopicPartition(cfg.input_topic, cfg.partition, records[0].offset()))
             return BatchResult(0, 0, 0, 0)
         self.metrics.batch_seconds.observe(time.monotonic() - started)
         faults.maybe_crash("after-commit")
 
         self.store.record_batch(
             [c.key for c in new],
-            max((c.record.timestamp_ms for c in new), default=self._now_ms),
+            max((c.record.timestamp()[1] for c in new), default=self._now_ms),
             input_next_offset=next_input,
             output_next_offset=self._last_out_offset + 1 if new else None,
         )
@@ -211,26 +211,27 @@ class DedupWorker:
         try:
             producer.begin_transaction()
             last = len(new) - 1
+            output, partition = cfg.output_topic, cfg.partition
+            produce = self._produce
             for i, cand in enumerate(new):
                 rec = cand.record
-                headers = list(rec.headers or ())
-                headers.append((ID_HEADER, cand.message_id.encode("utf-8", "surrogatepass")))
-                self._produce(
-                    cfg.output_topic,
-                    rec.value,
-                    rec.key,
+                headers = [*(rec.headers() or ()), (ID_HEADER, cand.message_id.encode())]
+                produce(
+                    output,
+                    rec.value(),
+                    rec.key(),
                     headers,
-                    rec.timestamp_ms,
-                    partition=cfg.partition,
+                    rec.timestamp()[1],
+                    partition=partition,
                     on_delivery=self._on_last_delivery if i == last else None,
                 )
             for dl in dead:
                 self._produce(
                     cfg.dead_letter_topic or "",
-                    dl.record.value,
-                    dl.record.key,
+                    dl.record.value(),
+                    dl.record.key(),
                     self._dead_letter_headers(dl),
-                    dl.record.timestamp_ms,
+                    dl.record.timestamp()[1],
                 )
             if not self.fencing.held():
                 self.metrics.fencing_events.inc()
@@ -295,29 +296,26 @@ class DedupWorker:
             self._last_out_offset = int(msg.offset())
 
     def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
-        headers = list(dead.record.headers or ())
+        headers = list(dead.record.headers() or ())
         headers += [
             (DLQ_REASON, dead.reason.encode()),
             (DLQ_DETAIL, dead.detail.encode("utf-8", "replace")),
             (DLQ_TOPIC, self.config.input_topic.encode()),
             (DLQ_PARTITION, str(self.config.partition).encode()),
-            (DLQ_OFFSET, str(dead.record.offset).encode()),
+            (DLQ_OFFSET, str(dead.record.offset()).encode()),
         ]
         return headers
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _records(self, messages: list[Message]) -> list[Record]:
-        records: list[Record] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(err)
-            records.append(
-                Record(msg.offset(), msg.key(), msg.value(), msg.headers(), msg.timestamp()[1])
-            )
+    def _records(self, messages: list[Message]) -> list[Message]:
+        """The data records of a poll; partition-end events are dropped, errors raised."""
+        records = [m for m in messages if m.error() is None]
+        if len(records) != len(messages):
+            for msg in messages:
+                err = msg.error()
+                if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
         return records
 
     def _resume_offset(self) -> int:
