@@ -139,7 +139,7 @@ def test_expired_id_passes_again_by_time(kafka: Any, tmp_path: Path, pipeline: s
         tmp_path,
         pipeline,
         window=WindowPolicy(duration_ms=hour, max_keys=None),
-        batch_size=10,
+        batch_size=1,  # expiry runs between batches; one batch would merge the repeats
     )
     t0 = int(time.time() * 1000) - 10 * hour
     ids = ["x", "y", "x", "late", "x", "y"]

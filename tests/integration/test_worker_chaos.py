@@ -10,11 +10,13 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from dedup_local.paths import free_port
 from support.worker_helpers import (
     event,
     produce,
@@ -55,6 +57,14 @@ def committed_offset(bootstrap: str, group: str, topic: str) -> int:
         consumer.close()
 
 
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path: Path) -> None:
     rng = random.Random(20261121)
     name = unique("chaos")
@@ -81,7 +91,7 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path
         assert time.monotonic() < deadline, "chaos phase took too long"
         proc = start_worker(cfg, log, env=fault_env)
         try:
-            proc.wait(timeout=rng.uniform(0.3, 2.5))
+            proc.wait(timeout=rng.uniform(1.0, 4.0))
             assert proc.returncode == -signal.SIGKILL, f"worker exited {proc.returncode}; see {log}"
             self_kills += 1  # a fault point fired
         except subprocess.TimeoutExpired:
@@ -89,10 +99,18 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path
             proc.wait()
             external_kills += 1
     feeder.join()
+    done_under_chaos = committed_offset(kafka.bootstrap, cfg.group, cfg.input_topic)
+    print(f"input committed by the workers that were killed: {done_under_chaos} of {RECORDS}")
+    assert done_under_chaos > RECORDS // 2, "the kills must land while work is being done"
 
-    final = start_worker(cfg, log)
+    port = free_port()
+    final = start_worker(cfg, log, metrics_port=port)
     try:
         deadline = time.monotonic() + 300
+        while not ready(port):
+            assert final.poll() is None, f"final worker died; see {log}"
+            assert time.monotonic() < deadline, "final worker did not become ready"
+            time.sleep(0.2)
         while committed_offset(kafka.bootstrap, cfg.group, cfg.input_topic) < RECORDS:
             assert final.poll() is None, f"final worker died; see {log}"
             assert time.monotonic() < deadline, "final worker did not catch up"

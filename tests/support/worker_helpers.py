@@ -92,15 +92,17 @@ def run_until_consumed(worker: DedupWorker, total: int, timeout_s: float = 120) 
         worker.close()
 
 
-def drain(worker: DedupWorker, idle_batches: int = 3, timeout_s: float = 120) -> int:
-    """Process batches of a started worker until `idle_batches` in a row consume nothing."""
-    consumed = idle = 0
+def drain(worker: DedupWorker, idle_s: float = 3.0, timeout_s: float = 120) -> int:
+    """Process batches of a started worker until it has consumed nothing for `idle_s`."""
+    consumed = 0
     deadline = time.monotonic() + timeout_s
-    while idle < idle_batches:
+    last_work = time.monotonic()
+    while time.monotonic() - last_work < idle_s:
         assert time.monotonic() < deadline, "worker did not go idle in time"
         n = worker.process_batch().consumed
         consumed += n
-        idle = 0 if n else idle + 1
+        if n:
+            last_work = time.monotonic()
     return consumed
 
 

@@ -76,7 +76,7 @@ def catch_up(
         while not done:
             keys: list[bytes] = []
             newest_ms = 0
-            for msg in consumer.consume(CATCH_UP_BATCH, 1.0):
+            for msg in consumer.consume(CATCH_UP_BATCH, 0.1):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
