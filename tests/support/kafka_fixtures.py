@@ -1,0 +1,95 @@
+"""pytest fixtures for the real Kafka part (see local/dedup_local/kafka.py).
+
+`kafka`: one real broker (KRaft, Java) per test session, started on first use.
+`topic_name`: a unique topic name for the test (not created).
+`new_topic`: a factory that creates unique topics on the session broker.
+`kafka_broker_factory`: private brokers for tests that kill or restart one (chaos); they
+are stopped and removed after the test, so the shared `kafka` stays up for the others.
+
+When the broker jars are missing the fixtures fail with the setup command to run
+(`make setup-kafka`); they never skip silently.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import pytest
+from dedup_local.kafka import KafkaBroker
+from dedup_local.paths import MissingArtifact
+
+
+class NewTopic(Protocol):
+    def __call__(
+        self,
+        partitions: int = 1,
+        config: Mapping[str, str | int] | None = None,
+        *,
+        prefix: str | None = None,
+    ) -> str: ...
+
+
+def _unique_name(request: pytest.FixtureRequest, prefix: str | None = None) -> str:
+    base = prefix or request.node.name
+    base = re.sub(r"[^a-zA-Z0-9._-]+", "-", base).strip("-.")[:80] or "topic"
+    return f"{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaBroker]:
+    """The session's Kafka broker; `.bootstrap` is "127.0.0.1:<port>"."""
+    broker = KafkaBroker()
+    try:
+        broker.start()
+    except MissingArtifact as exc:
+        broker.close()
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A topic name unique to this test (derived from its name); not created."""
+    return _unique_name(request)
+
+
+@pytest.fixture
+def new_topic(kafka: KafkaBroker, request: pytest.FixtureRequest) -> NewTopic:
+    """Creates a uniquely named topic on the session broker and returns its name."""
+
+    def make(
+        partitions: int = 1,
+        config: Mapping[str, str | int] | None = None,
+        *,
+        prefix: str | None = None,
+    ) -> str:
+        name = _unique_name(request, prefix)
+        kafka.create_topic(name, partitions, config)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def kafka_broker_factory() -> Iterator[Callable[..., KafkaBroker]]:
+    """Starts private brokers (`KafkaBroker(**kwargs)`), closed after the test."""
+    brokers: list[KafkaBroker] = []
+
+    def make(**kwargs: Any) -> KafkaBroker:
+        broker = KafkaBroker(**kwargs)
+        brokers.append(broker)
+        try:
+            broker.start()
+        except MissingArtifact as exc:
+            pytest.fail(str(exc), pytrace=False)
+        return broker
+
+    yield make
+    for broker in brokers:
+        broker.close()
