@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -26,7 +27,7 @@ from confluent_kafka import (
 )
 
 from dedup_worker import faults
-from dedup_worker.batch import Candidate, DeadLetter, select_new, triage
+from dedup_worker.batch import Candidate, DeadLetter, Triage, select_new, triage
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
@@ -59,6 +60,31 @@ class BatchResult:
     dead_letters: int
 
 
+@dataclass(eq=False)
+class _Batch:
+    """A polled batch between preparation and completion."""
+
+    records: list[Message]
+    split: Triage
+    first_offset: int
+    next_input: int
+    consumed: int
+    newest_ms: int
+    new: list[Candidate]
+    new_keys: frozenset[bytes]
+    dead_letters: list[DeadLetter]
+    duplicates: int
+    started: float = 0.0
+    last_output_offset: int = -1
+
+    def on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self.last_output_offset = int(msg.offset())
+
+
+_NOTHING = BatchResult(0, 0, 0, 0)
+
+
 class DedupWorker:
     def __init__(
         self,
@@ -76,7 +102,9 @@ class DedupWorker:
         self._stop = threading.Event()
         self._input = TopicPartition(config.input_topic, config.partition)
         self._now_ms = 0  # newest input record timestamp seen: the window's clock
-        self._last_out_offset = -1
+        self._in_flight: _Batch | None = None
+        self._commit_result: Future[bool] | None = None
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
         self.store: Store | None = None
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
@@ -136,7 +164,17 @@ class DedupWorker:
         )
 
     def close(self) -> None:
+        """Complete the batch in flight (commit and store write), then release all."""
         self.health.ready = False
+        try:
+            if self._in_flight is not None and self.store is not None:
+                self._complete()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._in_flight = self._commit_result = None
+        self._committer.shutdown(wait=True)
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
@@ -147,9 +185,28 @@ class DedupWorker:
             self.store.close()
             self.store = None
 
-    # -- one batch -------------------------------------------------------------------
+    # -- batches -------------------------------------------------------------------
+    #
+    # Two stages overlap: while batch N's transaction is being flushed and committed
+    # (network waits, GIL released), batch N+1 is polled, triaged and looked up. N+1's
+    # lookups also consult N's in-flight ids, which reach the store only after N commits.
+    # A batch is *completed* when its commit has returned and its store write is done.
 
     def process_batch(self) -> BatchResult:
+        """Prepare the next batch, complete the one in flight, send the prepared one.
+
+        Returns what the *completed* batch did (zeros if none completed this call)."""
+        prepared = self._prepare()
+        done, redo, expired = self._complete()
+        if redo:
+            prepared = None  # the aborted batch is re-polled; what was prepared after it too
+        elif expired and prepared is not None:
+            prepared = self._look_up(prepared.records, prepared.split)  # ids just expired are new
+        if prepared is not None:
+            self._send(prepared)
+        return done
+
+    def _prepare(self) -> _Batch | None:
         assert self.consumer is not None and self.store is not None
         cfg = self.config
         messages = self.consumer.consume(cfg.batch_size, cfg.linger_ms / 1000)
@@ -157,8 +214,7 @@ class DedupWorker:
         records = self._records(messages)
         if not records:
             self._update_lag()
-            return BatchResult(0, 0, 0, 0)
-        self._now_ms = max(self._now_ms, max(r.timestamp()[1] for r in records))
+            return None
         split = triage(records, cfg.id_spec)
         if split.dead_letters and cfg.dead_letter_topic is None:
             bad = split.dead_letters[0]
@@ -167,53 +223,86 @@ class DedupWorker:
                 f"id ({bad.reason}: {bad.detail}) and no dead-letter topic is configured; "
                 "set --dead-letter-topic (spec.kafka.deadLetterTopic) to route such records"
             )
-        present = self.store.contains_many([c.key for c in split.firsts])
-        new = select_new(split.firsts, present)
-        duplicates = split.repeats + len(split.firsts) - len(new)
-        next_input = records[-1].offset() + 1
+        return self._look_up(records, split)
 
-        started = time.monotonic()
-        committed = self._commit(new, split.dead_letters, next_input)
-        if not committed:
-            self.consumer.seek(TopicPartition(cfg.input_topic, cfg.partition, records[0].offset()))
-            return BatchResult(0, 0, 0, 0)
-        self.metrics.batch_seconds.observe(time.monotonic() - started)
+    def _look_up(self, records: list[Message], split: Triage) -> _Batch:
+        assert self.store is not None
+        present = self.store.contains_many([c.key for c in split.firsts])
+        if self._in_flight is not None and self._in_flight.new_keys:
+            flying = self._in_flight.new_keys
+            present = [hit or c.key in flying for c, hit in zip(split.firsts, present, strict=True)]
+        new = select_new(split.firsts, present)
+        return _Batch(
+            records=records,
+            split=split,
+            first_offset=records[0].offset(),
+            next_input=records[-1].offset() + 1,
+            consumed=len(records),
+            newest_ms=max(r.timestamp()[1] for r in records),
+            new=new,
+            new_keys=frozenset(c.key for c in new),
+            dead_letters=split.dead_letters,
+            duplicates=split.repeats + len(split.firsts) - len(new),
+        )
+
+    def _send(self, batch: _Batch) -> None:
+        """Open the batch's transaction, produce its records, and commit it in the
+        background."""
+        self._produce_batch(batch)
+        batch.started = time.monotonic()
+        self._in_flight = batch
+        self._commit_result = self._committer.submit(self._commit, batch)
+
+    def _complete(self) -> tuple[BatchResult, bool, int]:
+        """Wait for the batch in flight; on commit write the store and expire. Returns
+        its result, whether it was aborted (then the input is rewound to redo it), and
+        how many ids expired."""
+        batch, future = self._in_flight, self._commit_result
+        if batch is None or future is None:
+            return _NOTHING, False, 0
+        self._in_flight = self._commit_result = None
+        assert self.store is not None and self.consumer is not None
+        if not future.result():  # raises Fenced
+            self.consumer.seek(
+                TopicPartition(self._input.topic, self._input.partition, batch.first_offset)
+            )
+            return _NOTHING, True, 0
+        self.metrics.batch_seconds.observe(time.monotonic() - batch.started)
         faults.maybe_crash("after-commit")
 
+        self._now_ms = max(self._now_ms, batch.newest_ms)
         self.store.record_batch(
-            [c.key for c in new],
-            max((c.record.timestamp()[1] for c in new), default=self._now_ms),
-            input_next_offset=next_input,
-            output_next_offset=self._last_out_offset + 1 if new else None,
+            [c.key for c in batch.new],
+            max((c.record.timestamp()[1] for c in batch.new), default=self._now_ms),
+            input_next_offset=batch.next_input,
+            output_next_offset=batch.last_output_offset + 1 if batch.new else None,
         )
         expired = self.store.expire(self._now_ms)
 
         m = self.metrics
-        m.records_in.inc(len(records))
-        m.records_out.inc(len(new))
-        m.duplicates.inc(duplicates)
-        for dead in split.dead_letters:
+        m.records_in.inc(batch.consumed)
+        m.records_out.inc(len(batch.new))
+        m.duplicates.inc(batch.duplicates)
+        for dead in batch.dead_letters:
             m.dead_letter(dead.reason)
         if expired:
             m.expired_ids.inc(expired)
         self._refresh_store_gauges()
         self._update_lag()
-        return BatchResult(len(records), len(new), duplicates, len(split.dead_letters))
+        result = BatchResult(
+            batch.consumed, len(batch.new), batch.duplicates, len(batch.dead_letters)
+        )
+        return result, False, expired
 
-    def _commit(
-        self, new: Sequence[Candidate], dead: Sequence[DeadLetter], next_input: int
-    ) -> bool:
-        """One transaction: output records, dead letters, input offset. False if it was
-        aborted and the batch must be redone; raises Fenced when this worker is a zombie."""
-        assert self.producer is not None and self.consumer is not None
-        producer = self.producer
+    def _produce_batch(self, batch: _Batch) -> None:
+        assert self.producer is not None
         cfg = self.config
         try:
-            producer.begin_transaction()
-            last = len(new) - 1
+            self.producer.begin_transaction()
             output, partition = cfg.output_topic, cfg.partition
             produce = self._produce
-            for i, cand in enumerate(new):
+            last = len(batch.new) - 1
+            for i, cand in enumerate(batch.new):
                 rec = cand.record
                 headers = [*(rec.headers() or ()), (ID_HEADER, cand.message_id.encode())]
                 produce(
@@ -223,16 +312,28 @@ class DedupWorker:
                     headers,
                     rec.timestamp()[1],
                     partition=partition,
-                    on_delivery=self._on_last_delivery if i == last else None,
+                    on_delivery=batch.on_last_delivery if i == last else None,
                 )
-            for dl in dead:
-                self._produce(
+            for dl in batch.dead_letters:
+                produce(
                     cfg.dead_letter_topic or "",
                     dl.record.value(),
                     dl.record.key(),
                     self._dead_letter_headers(dl),
                     dl.record.timestamp()[1],
                 )
+        except KafkaException as exc:
+            self._raise_if_fenced(exc)
+            raise
+
+    def _commit(self, batch: _Batch) -> bool:
+        """(Committer thread.) Flush, add the input offset, commit. False if the
+        transaction was aborted and the batch must be redone; raises Fenced when this
+        worker is a zombie."""
+        assert self.producer is not None and self.consumer is not None
+        producer = self.producer
+        cfg = self.config
+        try:
             if not self.fencing.held():
                 self.metrics.fencing_events.inc()
                 producer.abort_transaction(30)
@@ -241,19 +342,14 @@ class DedupWorker:
                 )
             producer.flush()
             producer.send_offsets_to_transaction(
-                [TopicPartition(cfg.input_topic, cfg.partition, next_input)],
+                [TopicPartition(cfg.input_topic, cfg.partition, batch.next_input)],
                 self.consumer.consumer_group_metadata(),
             )
             faults.maybe_crash("before-commit")
             producer.commit_transaction()
         except KafkaException as exc:
+            self._raise_if_fenced(exc)
             err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and (err.code() in _FENCED_CODES or err.fatal()):
-                self.metrics.fencing_events.inc()
-                raise Fenced(
-                    f"partition {cfg.partition}: another worker took over transactional id "
-                    f"{cfg.transactional_id} ({err.str()}); this one must stop"
-                ) from exc
             if isinstance(err, KafkaError) and err.txn_requires_abort():
                 log.warning("transaction aborted; redoing the batch", extra={"error": err.str()})
                 producer.abort_transaction(30)
@@ -262,6 +358,15 @@ class DedupWorker:
             raise
         self.metrics.transactions.inc()
         return True
+
+    def _raise_if_fenced(self, exc: KafkaException) -> None:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and (err.code() in _FENCED_CODES or err.fatal()):
+            self.metrics.fencing_events.inc()
+            raise Fenced(
+                f"partition {self.config.partition}: another worker took over transactional "
+                f"id {self.config.transactional_id} ({err.str()}); this one must stop"
+            ) from exc
 
     def _produce(
         self,
@@ -290,10 +395,6 @@ class DedupWorker:
                 return
             except BufferError:  # local queue full: let librdkafka drain it
                 self.producer.poll(0.05)
-
-    def _on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self._last_out_offset = int(msg.offset())
 
     def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
         headers = list(dead.record.headers() or ())
@@ -348,9 +449,7 @@ class DedupWorker:
         try:
             call()
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() in _FENCED_CODES:
-                raise Fenced(str(err)) from exc
+            self._raise_if_fenced(exc)
             raise
 
     def _producer_settings(self) -> dict[str, object]:
