@@ -24,6 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from confluent_kafka import Producer
+
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig

@@ -24,6 +24,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+
 from dedup_local.kafka import KafkaBroker
 from support.kafka_fixtures import NewTopic
 

@@ -7,8 +7,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from dedup_local.kafka import KafkaBroker
 from pyspark.sql import SparkSession
+
+from dedup_local.kafka import KafkaBroker
 from support.kafka_fixtures import NewTopic
 
 pytestmark = pytest.mark.integration

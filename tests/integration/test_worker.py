@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dedup_local.paths import free_port
 from dedup_worker.fencing import Fenced
 from dedup_worker.loop import DLQ_OFFSET, DLQ_REASON, DedupWorker

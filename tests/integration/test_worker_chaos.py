@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+
 from dedup_local.paths import free_port
 from support.worker_helpers import (
     event,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import pytest
+
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import MissingArtifact
 

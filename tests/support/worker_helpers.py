@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+
 from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DedupWorker

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from dedup_worker.batch import Record, select_new, triage
 from dedup_worker.ids import IdSpec, id_key
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from dedup_worker.cli import EXIT_CONFIG, build_parser, config_from_args, main
 from dedup_worker.config import transactional_id
 
