@@ -1,0 +1,689 @@
+"""A real Kubernetes control plane without containers: etcd + kube-apiserver, and
+optionally kube-controller-manager and kube-scheduler, as local processes.
+
+The binaries come from `scripts/setup-kube.sh` (`make setup-kube`), cached under
+`$DEDUP_CACHE/kube-$KUBERNETES_VERSION/bin`. Everything a run needs (certificates,
+service-account keys, a static token file, the kubeconfig, etcd's data, one log file per
+component) lives in a fresh data directory that is removed again by `stop()`.
+
+    with ControlPlane(with_controllers=True) as cp:
+        core = kubernetes.client.CoreV1Api(cp.api_client())
+        ...
+
+Every process runs in its own process group; `stop()` (also called on a failed start,
+on `with` exit, at interpreter exit and, on Linux, when the parent dies) terminates the
+groups.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+import yaml
+
+from .paths import MissingArtifact, cache_dir, free_port, versions
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+SETUP_HINT = "run: make setup-kube"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+ADMIN_USER = "dedup-admin"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or to become ready; the message has its log tail."""
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """kubectl failed; str() includes what it printed on stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stderr}"
+
+
+@dataclass(frozen=True)
+class KubeBinaries:
+    """Paths of the cached control-plane binaries."""
+
+    bin_dir: Path
+
+    def path(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    @property
+    def etcd(self) -> Path:
+        return self.path("etcd")
+
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.path("kube-apiserver")
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.path("kube-controller-manager")
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.path("kube-scheduler")
+
+    @property
+    def kubectl(self) -> Path:
+        return self.path("kubectl")
+
+    @property
+    def helm(self) -> Path:
+        return self.path("helm")
+
+    def require(self, *names: str) -> None:
+        """Raise MissingArtifact unless every named binary is present and executable."""
+        missing = [n for n in names if not os.access(self.path(n), os.X_OK)]
+        if missing:
+            raise MissingArtifact(
+                f"Kubernetes binaries missing in {self.bin_dir}: {', '.join(missing)}; {SETUP_HINT}"
+            )
+
+
+def kube_bin_dir() -> Path:
+    """Where `scripts/setup-kube.sh` puts the binaries for the pinned Kubernetes version."""
+    return cache_dir() / f"kube-{versions()['KUBERNETES_VERSION']}" / "bin"
+
+
+def kube_binaries(bin_dir: Path | None = None) -> KubeBinaries:
+    return KubeBinaries(bin_dir if bin_dir is not None else kube_bin_dir())
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    tail = text.splitlines()[-lines:]
+    return "\n".join(f"    {line}" for line in tail) if tail else f"(empty log {path})"
+
+
+def _child_setup(die_with_parent: bool) -> Callable[[], None]:
+    """What runs in the child before exec: its own process group and, on Linux, SIGKILL
+    when the parent dies (so a killed test run leaves no control plane behind). Linux
+    sends that signal when the *thread* that forked exits, so it is only asked for when
+    starting from the main thread."""
+
+    def setup() -> None:
+        os.setsid()
+        if die_with_parent:
+            with contextlib.suppress(Exception):
+                pr_set_pdeathsig = 1
+                ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return setup
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def failure(self, what: str) -> ControlPlaneError:
+        code = self.popen.poll()
+        state = "still running" if code is None else f"exit code {code}"
+        return ControlPlaneError(
+            f"{self.name} {what} ({state}); last lines of {self.log_path}:\n"
+            f"{_log_tail(self.log_path)}"
+        )
+
+    def terminate(self, grace: float) -> None:
+        pid = self.popen.pid
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace)
+        # Whatever is left in the group (the leader or anything it started) gets SIGKILL.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=grace)
+        self.log_file.close()
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ kube-controller-manager + kube-scheduler) on loopback.
+
+    Args:
+        with_controllers: also run kube-controller-manager (garbage collection, Jobs,
+            service accounts, node lifecycle, ...) and kube-scheduler.
+        data_dir: where to put certificates, etcd data and logs; a fresh temporary
+            directory (removed by `stop()`) when omitted.
+        bin_dir: the binaries; defaults to the cache of the pinned version.
+        start_timeout: seconds each component may take to become ready.
+        extra_args: extra command-line flags per component name (see COMPONENTS),
+            e.g. {"kube-controller-manager": ["--node-monitor-grace-period=20s"]}.
+        keep_data: keep `data_dir` after `stop()` (also: DEDUP_KUBE_KEEP_DATA=1).
+        crds: CustomResourceDefinition files to install before the controllers start,
+            so the garbage collector watches their kinds from the beginning (it only
+            rediscovers API resources every 30s).
+    """
+
+    def __init__(
+        self,
+        *,
+        with_controllers: bool = True,
+        data_dir: Path | None = None,
+        bin_dir: Path | None = None,
+        start_timeout: float = 60.0,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+        keep_data: bool | None = None,
+        crds: Iterable[Path] = (),
+    ) -> None:
+        self.with_controllers = with_controllers
+        self.crds = [Path(p) for p in crds]
+        self.binaries = kube_binaries(bin_dir)
+        self.start_timeout = start_timeout
+        self.extra_args: dict[str, list[str]] = {k: list(v) for k, v in (extra_args or {}).items()}
+        unknown = set(self.extra_args) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"extra_args for unknown components: {sorted(unknown)}")
+        self._own_data_dir = data_dir is None
+        self._data_dir = data_dir
+        if keep_data is None:
+            keep_data = os.environ.get("DEDUP_KUBE_KEEP_DATA", "") not in ("", "0")
+        self.keep_data = keep_data
+        self._processes: list[_Process] = []
+        self._token = secrets.token_hex(16)
+        self._apiserver_port = 0
+        self._etcd_port = 0
+        self._component_tokens: dict[str, str] = {}
+        self._started = False
+        self._atexit_registered = False
+        self._die_with_parent = False
+        self.start_seconds = 0.0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RuntimeError("control plane not started")
+        return self._data_dir
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL, e.g. https://127.0.0.1:41234."""
+        if not self._apiserver_port:
+            raise RuntimeError("control plane not started")
+        return f"https://127.0.0.1:{self._apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        if not self._etcd_port:
+            raise RuntimeError("control plane not started")
+        return f"http://127.0.0.1:{self._etcd_port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """A kubeconfig for an admin (group system:masters) with the cluster CA."""
+        return self.data_dir / "kubeconfig"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.data_dir / "pki" / "ca.crt"
+
+    @property
+    def token(self) -> str:
+        """The admin's bearer token."""
+        return self._token
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def running(self) -> bool:
+        return self._started and all(p.alive() for p in self._processes)
+
+    def log_path(self, component: str) -> Path:
+        return self.log_dir / f"{component}.log"
+
+    # ------------------------------------------------------------------ clients
+    def api_client(self) -> ApiClient:
+        """A new kubernetes.client.ApiClient authenticated as the admin."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.server
+        cfg.ssl_ca_cert = str(self.ca_path)
+        cfg.verify_ssl = True
+        cfg.api_key = {"authorization": f"Bearer {self._token}"}
+        return client.ApiClient(cfg)
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cached kubectl against this control plane; with `check`, a failure
+        raises KubectlError, whose message includes kubectl's stderr."""
+        self.binaries.require("kubectl")
+        argv = [
+            str(self.binaries.kubectl),
+            f"--kubeconfig={self.kubeconfig_path}",
+            f"--cache-dir={self.data_dir / 'kubectl-cache'}",
+            *args,
+        ]
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, check=False, timeout=timeout
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+    def install_crds(self, paths: Iterable[Path], timeout: float = 30.0) -> list[str]:
+        """Server-side apply the CustomResourceDefinitions in the given YAML files
+        (idempotent) and wait until each is established; returns their names."""
+        from kubernetes import client
+
+        docs = [
+            doc
+            for path in paths
+            for doc in yaml.safe_load_all(Path(path).read_text())
+            if doc and doc.get("kind") == "CustomResourceDefinition"
+        ]
+        names = [str(doc["metadata"]["name"]) for doc in docs]
+        with self.api_client() as api:
+            ext = client.ApiextensionsV1Api(api)
+            for name, doc in zip(names, docs, strict=True):
+                ext.patch_custom_resource_definition(
+                    name,
+                    doc,
+                    field_manager="dedup-local",
+                    force=True,
+                    _content_type="application/apply-patch+yaml",
+                )
+            deadline = time.monotonic() + timeout
+            for name in names:
+                while True:
+                    status = ext.read_custom_resource_definition(name).status
+                    conditions = {
+                        c.type: c.status for c in (status.conditions if status else None) or []
+                    }
+                    if conditions.get("Established") == "True":
+                        break
+                    if time.monotonic() > deadline:
+                        raise ControlPlaneError(
+                            f"CRD {name} not established after {timeout:.0f}s: {conditions}"
+                        )
+                    time.sleep(0.05)
+        return names
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        if self._started:
+            return self
+        needed = ["etcd", "kube-apiserver"]
+        if self.with_controllers:
+            needed += ["kube-controller-manager", "kube-scheduler"]
+        self.binaries.require(*needed)
+        t0 = time.monotonic()
+        self._die_with_parent = sys.platform.startswith("linux") and (
+            threading.current_thread() is threading.main_thread()
+        )
+        if self._data_dir is None:
+            self._data_dir = Path(tempfile.mkdtemp(prefix="dedup-kube-"))
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        try:
+            self._write_pki()
+            self._write_auth()
+            self._start_with_port_retry(self._start_etcd)
+            self._start_with_port_retry(self._start_apiserver)
+            self._write_kubeconfigs()
+            if self.crds:
+                self.install_crds(self.crds)
+            if self.with_controllers:
+                self._start_controller_manager()
+                self._start_scheduler()
+                self._wait_controllers_working()
+        except BaseException:
+            self._stop_processes()
+            raise
+        self._started = True
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Terminate every process this control plane started; remove its data dir."""
+        self._stop_processes()
+        self._started = False
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+        if self._own_data_dir and self._data_dir is not None and not self.keep_data:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+            self._apiserver_port = self._etcd_port = 0
+
+    def _stop_processes(self) -> None:
+        while self._processes:
+            proc = self._processes.pop()  # reverse start order: controllers, apiserver, etcd
+            proc.terminate(grace=10.0)
+
+    # ------------------------------------------------------------------ files
+    def _openssl(self, *args: str) -> None:
+        try:
+            subprocess.run(
+                ["openssl", *args],
+                cwd=self.data_dir / "pki",
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        except FileNotFoundError as exc:
+            raise MissingArtifact(
+                "openssl not found on PATH (needed for the apiserver certificates)"
+            ) from exc
+        except subprocess.CalledProcessError as exc:
+            raise ControlPlaneError(f"openssl {' '.join(args)} failed:\n{exc.stderr}") from exc
+
+    def _write_pki(self) -> None:
+        """A CA, the apiserver's serving certificate and the service-account key pair."""
+        pki = self.data_dir / "pki"
+        pki.mkdir(exist_ok=True)
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        self._openssl(
+            "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+            "-subj", "/CN=dedup-local-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        )  # fmt: skip
+        sans = [
+            "IP:127.0.0.1",
+            "IP:10.0.0.1",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
+        (pki / "apiserver.ext").write_text(
+            f"subjectAltName={','.join(sans)}\n"
+            "extendedKeyUsage=serverAuth\n"
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        )
+        self._openssl(
+            "req", "-new", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr",
+            "-subj", "/CN=kube-apiserver",
+        )  # fmt: skip
+        self._openssl(
+            "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "apiserver.crt", "-days", "3650",
+            "-extfile", "apiserver.ext",
+        )  # fmt: skip
+        self._openssl(
+            "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key"
+        )
+        self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        for key in pki.glob("*.key"):
+            key.chmod(0o600)
+
+    def _write_auth(self) -> None:
+        # token,user,uid,"group1,group2"; every identity here is a cluster admin.
+        users = [
+            (self._token, ADMIN_USER),
+            (secrets.token_hex(16), "system:kube-controller-manager"),
+            (secrets.token_hex(16), "system:kube-scheduler"),
+        ]
+        self._component_tokens = {user: token for token, user in users}
+        lines = [f'{tok},{user},{user},"system:masters"' for tok, user in users]
+        path = self.data_dir / "tokens.csv"
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+
+    def _kubeconfig(self, user: str, token: str) -> dict[str, Any]:
+        ca = base64.b64encode(self.ca_path.read_bytes()).decode()
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "dedup-local",
+                    "cluster": {"server": self.server, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [
+                {"name": "dedup-local", "context": {"cluster": "dedup-local", "user": user}}
+            ],
+            "current-context": "dedup-local",
+        }
+
+    def _write_kubeconfigs(self) -> None:
+        self._write_yaml(self.kubeconfig_path, self._kubeconfig(ADMIN_USER, self._token))
+        for user, token in self._component_tokens.items():
+            if user != ADMIN_USER:
+                name = user.removeprefix("system:")
+                self._write_yaml(
+                    self.data_dir / f"{name}.kubeconfig", self._kubeconfig(user, token)
+                )
+
+    @staticmethod
+    def _write_yaml(path: Path, data: dict[str, Any]) -> None:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        path.chmod(0o600)
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, name: str, argv: list[str]) -> _Process:
+        log_path = self.log_path(name)
+        log_file = log_path.open("ab")
+        log_file.write(f"# {' '.join(argv)}\n".encode())
+        log_file.flush()
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.data_dir,
+            preexec_fn=_child_setup(self._die_with_parent),
+        )
+        proc = _Process(name, popen, log_path, log_file)
+        self._processes.append(proc)
+        return proc
+
+    def _start_with_port_retry(self, start: Callable[[], None], attempts: int = 3) -> None:
+        """Ports come from free_port(), so another process may grab one first: retry."""
+        for attempt in range(attempts):
+            try:
+                start()
+                return
+            except ControlPlaneError as exc:
+                if attempt == attempts - 1 or "address already in use" not in str(exc):
+                    raise
+                self._processes.pop().terminate(grace=5.0)
+
+    def _wait(self, proc: _Process, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.02
+        while True:
+            if not proc.alive():
+                raise proc.failure("exited while starting")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise proc.failure(f"did not become {what} within {self.start_timeout:.0f}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def _start_etcd(self) -> None:
+        self._etcd_port = free_port()
+        peer_port = free_port()
+        peer = f"http://127.0.0.1:{peer_port}"
+        data = self.data_dir / "etcd"
+        argv = [
+            str(self.binaries.etcd),
+            "--name=dedup",
+            f"--data-dir={data}",
+            f"--listen-client-urls={self.etcd_url}",
+            f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=dedup={peer}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync",  # test data only; much faster on slow disks
+            # A single member elects itself after one election timeout (default 1s).
+            "--heartbeat-interval=20",
+            "--election-timeout=200",
+            "--log-level=warn",
+            *self.extra_args.get("etcd", []),
+        ]
+        proc = self._spawn("etcd", argv)
+        url = f"{self.etcd_url}/health"
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    return bool(json.load(resp).get("health") == "true")
+            except (OSError, ValueError):
+                return False
+
+        self._wait(proc, healthy, "healthy")
+
+    def _start_apiserver(self) -> None:
+        self._apiserver_port = free_port()
+        pki = self.data_dir / "pki"
+        argv = [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self._apiserver_port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--token-auth-file={self.data_dir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            *self.extra_args.get("kube-apiserver", []),
+        ]
+        proc = self._spawn("kube-apiserver", argv)
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        request = urllib.request.Request(
+            f"{self.server}/readyz", headers={"Authorization": f"Bearer {self._token}"}
+        )
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(request, timeout=2, context=ctx) as resp:
+                    return bool(resp.status == 200)
+            except (OSError, urllib.error.HTTPError):
+                return False
+
+        self._wait(proc, ready, "ready (/readyz)")
+
+    def _start_controller_manager(self) -> None:
+        pki = self.data_dir / "pki"
+        argv = [
+            str(self.binaries.kube_controller_manager),
+            f"--kubeconfig={self.data_dir / 'kube-controller-manager.kubeconfig'}",
+            "--secure-port=0",
+            "--leader-elect=false",
+            "--controllers=*",
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # Default is /usr/libexec/kubernetes/...; it would be created on the host.
+            f"--flex-volume-plugin-dir={self.data_dir / 'flexvolume'}",
+            *self.extra_args.get("kube-controller-manager", []),
+        ]
+        self._spawn("kube-controller-manager", argv)
+
+    def _start_scheduler(self) -> None:
+        argv = [
+            str(self.binaries.kube_scheduler),
+            f"--kubeconfig={self.data_dir / 'kube-scheduler.kubeconfig'}",
+            "--secure-port=0",
+            "--leader-elect=false",
+            *self.extra_args.get("kube-scheduler", []),
+        ]
+        self._spawn("kube-scheduler", argv)
+
+    def _wait_controllers_working(self) -> None:
+        """The service-account controller has made `default/default`: controllers run."""
+        kcm = next(p for p in self._processes if p.name == "kube-controller-manager")
+        ctx = ssl.create_default_context(cafile=str(self.ca_path))
+        request = urllib.request.Request(
+            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default",
+            headers={"Authorization": f"Bearer {self._token}"},
+        )
+
+        def has_default_sa() -> bool:
+            try:
+                with urllib.request.urlopen(request, timeout=2, context=ctx) as resp:
+                    return bool(resp.status == 200)
+            except (OSError, urllib.error.HTTPError):
+                return False
+
+        self._wait(kcm, has_default_sa, "working (no default ServiceAccount)")
+        for proc in self._processes:
+            if not proc.alive():
+                raise proc.failure("exited while starting")
+
+
+def main() -> None:
+    """`python -m dedup_local.kube`: start a control plane and print how to reach it."""
+    with ControlPlane(with_controllers=True, keep_data=False) as cp:
+        print(f"control plane ready in {cp.start_seconds:.1f}s: {cp.server}", flush=True)
+        print(f"export KUBECONFIG={cp.kubeconfig_path}", flush=True)
+        print("Ctrl-C stops it.", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()
