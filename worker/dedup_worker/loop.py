@@ -300,22 +300,35 @@ class DedupWorker:
         try:
             self.producer.begin_transaction()
             output, partition = cfg.output_topic, cfg.partition
-            produce = self._produce
-            last = len(batch.new) - 1
-            for i, cand in enumerate(batch.new):
+            produce = self.producer.produce
+            new = batch.new
+            last = len(new) - 1
+            for i, cand in enumerate(new):
                 rec = cand.record
                 headers = [*(rec.headers() or ()), (ID_HEADER, cand.message_id.encode())]
-                produce(
-                    output,
-                    rec.value(),
-                    rec.key(),
-                    headers,
-                    rec.timestamp()[1],
-                    partition=partition,
-                    on_delivery=batch.on_last_delivery if i == last else None,
-                )
+                callback = batch.on_last_delivery if i == last else None
+                try:
+                    produce(
+                        output,
+                        rec.value(),
+                        rec.key(),
+                        partition,
+                        on_delivery=callback,
+                        timestamp=rec.timestamp()[1],
+                        headers=headers,
+                    )
+                except BufferError:  # local queue full: the slow path waits for room
+                    self._produce(
+                        output,
+                        rec.value(),
+                        rec.key(),
+                        headers,
+                        rec.timestamp()[1],
+                        partition,
+                        callback,
+                    )
             for dl in batch.dead_letters:
-                produce(
+                self._produce(
                     cfg.dead_letter_topic or "",
                     dl.record.value(),
                     dl.record.key(),
@@ -375,25 +388,24 @@ class DedupWorker:
         key: bytes | None,
         headers: list[tuple[str, bytes | None]],
         timestamp_ms: int,
-        partition: int | None = None,
+        partition: int = -1,  # librdkafka's "let the partitioner choose"
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
     ) -> None:
+        """Produce one record; when the local queue is full, let librdkafka drain it."""
         assert self.producer is not None
-        kwargs: dict[str, object] = {
-            "value": value,
-            "key": key,
-            "headers": headers,
-            "timestamp": timestamp_ms,
-        }
-        if partition is not None:
-            kwargs["partition"] = partition
-        if on_delivery is not None:
-            kwargs["on_delivery"] = on_delivery
         while True:
             try:
-                self.producer.produce(topic, **kwargs)
+                self.producer.produce(
+                    topic,
+                    value,
+                    key,
+                    partition,
+                    on_delivery=on_delivery,
+                    timestamp=timestamp_ms,
+                    headers=headers,
+                )
                 return
-            except BufferError:  # local queue full: let librdkafka drain it
+            except BufferError:
                 self.producer.poll(0.05)
 
     def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
@@ -461,7 +473,6 @@ class DedupWorker:
             "linger.ms": 5,
             "batch.size": 1_000_000,
             "queue.buffering.max.messages": max(100_000, cfg.batch_size * 4),
-            "compression.type": "lz4",
             **cfg.kafka_settings,
         }
 
