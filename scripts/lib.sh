@@ -9,3 +9,18 @@ source "$REPO_ROOT/versions.env"
 
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+# The URL of Maven Central as this Maven installation's super POM names it (override
+# with MAVEN_CENTRAL_URL, e.g. for a corporate mirror).
+maven_central_url() {
+  if [[ -n "${MAVEN_CENTRAL_URL:-}" ]]; then
+    echo "$MAVEN_CENTRAL_URL"
+    return
+  fi
+  local home jar
+  home="$(mvn -v 2>/dev/null | sed -n 's/^Maven home: //p')"
+  jar="$(ls "$home"/lib/maven-model-builder-*.jar 2>/dev/null | head -n1)"
+  [[ -n "$jar" ]] || die "cannot find Maven's super POM under '$home'; set MAVEN_CENTRAL_URL"
+  unzip -p "$jar" org/apache/maven/model/pom-4.0.0.xml |
+    sed -n 's#.*<url>\(https://[^<]*\)</url>.*#\1#p' | head -n1
+}

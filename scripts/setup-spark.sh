@@ -55,7 +55,7 @@ trap 'rm -rf "$work"' EXIT
 # Maven Central only: Spark's parent POM lists extra repositories (a GCS mirror) that may
 # be unreachable, so every repository is mirrored to $MAVEN_CENTRAL_URL. Set
 # DEDUP_MAVEN_SETTINGS to use your own settings.xml (e.g. a corporate mirror) instead.
-MAVEN_CENTRAL_URL="${MAVEN_CENTRAL_URL:?set MAVEN_CENTRAL_URL}"
+MAVEN_CENTRAL_URL="$(maven_central_url)"
 settings="${DEDUP_MAVEN_SETTINGS:-$work/settings.xml}"
 cat >"$work/settings.xml" <<EOF
 <settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
