@@ -222,6 +222,9 @@ def test_cli_serves_metrics_and_probes_and_stops_on_sigterm(
             "dedup_dead_letters_total",
             "dedup_batch_commit_seconds_bucket",
             "dedup_store_keys",
+            "dedup_store_bytes",
+            "dedup_expired_ids_total",
+            "dedup_transactions_total",
             "dedup_consumer_lag",
             "dedup_recovery_seconds",
             "dedup_window_age_seconds",
@@ -231,6 +234,7 @@ def test_cli_serves_metrics_and_probes_and_stops_on_sigterm(
         assert " 2.0" in _line(body, "dedup_records_out_total")
         assert " 1.0" in _line(body, "dedup_duplicates_total")
         assert 'reason="not_json"' in body
+        assert float(_line(body, "dedup_store_bytes").split()[-1]) > 0
         assert urllib.request.urlopen(f"{base}/healthz", timeout=2).status == 200
         assert urllib.request.urlopen(f"{base}/readyz", timeout=2).status == 200
     finally:

@@ -44,6 +44,8 @@ DLQ_TOPIC = "dedup.origin.topic"
 DLQ_PARTITION = "dedup.origin.partition"
 DLQ_OFFSET = "dedup.origin.offset"
 
+DISK_GAUGE_EVERY_S = 10.0
+
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -105,6 +107,7 @@ class DedupWorker:
         self._in_flight: _Batch | None = None
         self._commit_result: Future[bool] | None = None
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
+        self._disk_measured = -DISK_GAUGE_EVERY_S
         self.store: Store | None = None
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
@@ -448,13 +451,17 @@ class DedupWorker:
 
     def _refresh_store_gauges(self) -> None:
         assert self.store is not None
+        self._refresh_disk_gauge()
         self.metrics.store_keys.set(self.store.key_count)
         oldest = self.store.oldest_timestamp_ms
         if oldest is not None and self._now_ms:
             self.metrics.window_age.set(max(0.0, (self._now_ms - oldest) / 1000))
 
-    def refresh_disk_gauge(self) -> None:
-        if self.store is not None:
+    def _refresh_disk_gauge(self) -> None:
+        """Store size on disk: lists files, so at most every DISK_GAUGE_EVERY_S."""
+        now = time.monotonic()
+        if self.store is not None and now - self._disk_measured >= DISK_GAUGE_EVERY_S:
+            self._disk_measured = now
             self.metrics.store_bytes.set(self.store.disk_bytes())
 
     def _kafka_call(self, call: Callable[[], object]) -> None:
