@@ -1,0 +1,256 @@
+"""Id extraction, hashing and partitioning: the rules every part imports from dedup_worker.ids."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from dedup_worker.ids import (
+    ID_HEADER,
+    MAX_ID_BYTES,
+    REASONS,
+    IdSpec,
+    InvalidRecord,
+    extract_id,
+    id_key,
+    murmur2,
+    partition_for,
+)
+
+JSON = IdSpec()
+NESTED = IdSpec("jsonField", "meta.id")
+HEADER = IdSpec("header", "event-id")
+KEY = IdSpec("key")
+
+
+def from_value(value: bytes | None, spec: IdSpec = JSON) -> str:
+    return extract_id(spec, None, value, None)
+
+
+def reason(
+    spec: IdSpec,
+    key: bytes | None = None,
+    value: bytes | None = None,
+    headers: Sequence[tuple[str, bytes | None]] | None = None,
+) -> str:
+    with pytest.raises(InvalidRecord) as caught:
+        extract_id(spec, key, value, headers)
+    assert caught.value.reason in REASONS
+    assert str(caught.value) == f"{caught.value.reason}: {caught.value.detail}"
+    return caught.value.reason
+
+
+# --- jsonField -----------------------------------------------------------------------
+
+
+def test_string_id_is_taken_as_is() -> None:
+    assert from_value(b'{"messageId": "abc-1", "x": 1}') == "abc-1"
+    assert from_value(b'{"messageId": " padded "}') == " padded "
+    assert from_value(b' \n{"messageId": "ws"} \r\n') == "ws"
+
+
+def test_unicode_ids_round_trip() -> None:
+    value = json.dumps({"messageId": "zürich-東京-🚀"}).encode()
+    assert from_value(value) == "zürich-東京-🚀"
+    raw = '{"messageId": "zürich-東京-🚀"}'.encode()
+    assert from_value(raw) == "zürich-東京-🚀"
+
+
+def test_integer_id_becomes_canonical_decimal() -> None:
+    assert from_value(b'{"messageId": 42}') == "42"
+    assert from_value(b'{"messageId": -7}') == "-7"
+    big = 2**80 + 1
+    assert from_value(f'{{"messageId": {big}}}'.encode()) == str(big)
+
+
+@pytest.mark.parametrize("literal", ["42.0", "4.2e1", "1.5", "true", "false"])
+def test_floats_and_booleans_are_not_ids(literal: str) -> None:
+    assert reason(JSON, value=f'{{"messageId": {literal}}}'.encode()) == "id_bad_type"
+
+
+def test_null_and_structured_ids() -> None:
+    assert reason(JSON, value=b'{"messageId": null}') == "id_null"
+    assert reason(JSON, value=b'{"messageId": {"a": 1}}') == "id_not_scalar"
+    assert reason(JSON, value=b'{"messageId": [1]}') == "id_not_scalar"
+
+
+def test_nested_path() -> None:
+    value = b'{"meta": {"id": "n-1", "other": 2}, "id": "top"}'
+    assert from_value(value, NESTED) == "n-1"
+    assert reason(NESTED, value=b'{"meta": {"other": 1}}') == "missing_id"
+    assert reason(NESTED, value=b'{"id": "top"}') == "missing_id"
+    assert reason(NESTED, value=b'{"meta": "flat"}') == "missing_id"
+    assert reason(NESTED, value=b'{"meta": null}') == "missing_id"
+    assert reason(NESTED, value=b'{"meta": {"id": ""}}') == "id_empty"
+
+
+def test_missing_and_empty_ids() -> None:
+    assert reason(JSON, value=b'{"id": "x"}') == "missing_id"
+    assert reason(JSON, value=b"{}") == "missing_id"
+    assert reason(JSON, value=b'{"messageId": ""}') == "id_empty"
+
+
+def test_repeated_name_last_wins() -> None:
+    assert from_value(b'{"messageId": "first", "messageId": "last"}') == "last"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"{",
+        b'{"messageId": "a"',
+        b'{"messageId": "a"} trailing',
+        b'{"messageId": "a"}{"messageId": "b"}',
+        b"{'messageId': 'a'}",
+        b'{"messageId": NaN}',
+        b'{"messageId": "a", "x": Infinity}',
+        b'{"messageId": "a", "x": -Infinity}',
+        b"   ",
+        b"\xef\xbb\xbf{}",  # UTF-8 byte-order mark
+        b"[" * 100_000,  # nesting beyond the recursion limit
+        b'{"messageId": "a", "n": ' + b"9" * 5000 + b"}",  # int beyond CPython's digit limit
+    ],
+)
+def test_malformed_json(value: bytes) -> None:
+    assert reason(JSON, value=value) == "not_json"
+
+
+def test_binary_garbage_is_not_utf8() -> None:
+    assert reason(JSON, value=bytes(range(256))) == "not_utf8"
+    assert reason(JSON, value=b'{"messageId": "\xff"}') == "not_utf8"
+    assert reason(JSON, value=b"\xed\xa0\x80") == "not_utf8"  # encoded surrogate
+
+
+def test_unpaired_surrogate_escape_is_not_an_id() -> None:
+    assert reason(JSON, value=b'{"messageId": "a\\ud800b"}') == "not_utf8"
+    assert from_value(b'{"messageId": "\\ud83d\\ude80"}') == "🚀"
+
+
+@pytest.mark.parametrize("value", [b'"just a string"', b"[1, 2]", b"42", b"null", b"true"])
+def test_top_level_must_be_an_object(value: bytes) -> None:
+    assert reason(JSON, value=value) == "not_object"
+
+
+def test_null_and_empty_values() -> None:
+    assert reason(JSON, value=None) == "null_value"
+    assert reason(JSON, value=b"") == "empty_value"
+
+
+def test_id_length_limit_counts_utf8_bytes() -> None:
+    assert from_value(json.dumps({"messageId": "a" * MAX_ID_BYTES}).encode()) == "a" * MAX_ID_BYTES
+    assert (
+        reason(JSON, value=json.dumps({"messageId": "a" * (MAX_ID_BYTES + 1)}).encode())
+        == "id_too_long"
+    )
+    euro = "€" * (MAX_ID_BYTES // 3)  # 3 bytes each: fits
+    assert from_value(json.dumps({"messageId": euro}, ensure_ascii=False).encode()) == euro
+    over = "€" * (MAX_ID_BYTES // 3 + 1)
+    assert reason(JSON, value=json.dumps({"messageId": over}).encode()) == "id_too_long"
+    huge = b'{"messageId": "' + b"x" * 1_000_000 + b'"}'
+    assert reason(JSON, value=huge) == "id_too_long"
+    assert reason(JSON, value=f'{{"messageId": {10**600}}}'.encode()) == "id_too_long"
+
+
+# --- header and key sources ------------------------------------------------------------
+
+
+def test_header_source() -> None:
+    headers = [("other", b"x"), ("event-id", b"h-1")]
+    assert extract_id(HEADER, b"key", b"not json", headers) == "h-1"
+    assert extract_id(HEADER, None, None, [("event-id", b"old"), ("event-id", b"new")]) == "new"
+    assert extract_id(HEADER, None, None, [("event-id", "ü".encode())]) == "ü"
+
+
+def test_header_source_errors() -> None:
+    assert reason(HEADER, headers=None) == "missing_header"
+    assert reason(HEADER, headers=[]) == "missing_header"
+    assert reason(HEADER, headers=[("Event-Id", b"x")]) == "missing_header"  # case-sensitive
+    assert reason(HEADER, headers=[("event-id", None)]) == "null_header"
+    assert reason(HEADER, headers=[("event-id", b"")]) == "id_empty"
+    assert reason(HEADER, headers=[("event-id", b"\xff\xfe")]) == "not_utf8"
+    assert reason(HEADER, headers=[("event-id", b"x" * (MAX_ID_BYTES + 1))]) == "id_too_long"
+
+
+def test_key_source() -> None:
+    assert extract_id(KEY, b"k-1", None, None) == "k-1"
+    assert extract_id(KEY, "ключ".encode(), b"{}", [("event-id", b"h")]) == "ключ"
+    assert reason(KEY, key=None) == "missing_key"
+    assert reason(KEY, key=b"") == "id_empty"
+    assert reason(KEY, key=b"\x80abc") == "not_utf8"
+    assert reason(KEY, key=b"k" * (MAX_ID_BYTES + 1)) == "id_too_long"
+    assert extract_id(KEY, b"k" * MAX_ID_BYTES, None, None) == "k" * MAX_ID_BYTES
+
+
+def test_id_spec_validation() -> None:
+    assert IdSpec() == IdSpec("jsonField", "messageId")
+    assert NESTED.path == ("meta", "id")
+    with pytest.raises(ValueError, match="id source"):
+        IdSpec("body", "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty field"):
+        IdSpec("header", "")
+    with pytest.raises(ValueError, match="empty segment"):
+        IdSpec("jsonField", "meta..id")
+    assert IdSpec("key", "").source == "key"
+
+
+# --- hashing and partitioning --------------------------------------------------------
+
+
+def test_id_key_is_blake2b_128_of_utf8() -> None:
+    # Stable on-disk format: these bytes must never change.
+    assert id_key("abc").hex() == "cf4ab791c62b8d2b2109c90275287816"
+    assert id_key("") == bytes.fromhex("cae66941d9efbd404e4d88758ea67670")
+    assert len(id_key("x" * MAX_ID_BYTES)) == 16
+    assert id_key("zürich") != id_key("zurich")
+    assert ID_HEADER == "dedup.id"
+
+
+# Kafka's clients/src/test/.../utils/UtilsTest.testMurmur2 (Java's Utils.murmur2).
+KAFKA_VECTORS = {
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+# librdkafka src/rdmurmur2.c unittest_murmur2 "java_murmur2_results" (unsigned hex).
+LIBRDKAFKA_VECTORS = {
+    b"kafka": 0xD067CF64,
+    b"giberish123456789": 0x8F552B0C,
+    b"1234": 0x9FC97B14,
+    b"234": 0xE7C009CA,
+    b"34": 0x873930DA,
+    b"4": 0x5A4B5CA1,
+    b"PreAmbleWillBeRemoved,ThePrePartThatIs": 0x78424F1C,
+    b"reAmbleWillBeRemoved,ThePrePartThatIs": 0x4A62B377,
+    b"eAmbleWillBeRemoved,ThePrePartThatIs": 0xE0E4E09E,
+    b"AmbleWillBeRemoved,ThePrePartThatIs": 0x62B8B43F,
+    b"": 0x106E08D9,
+}
+
+
+@pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS.items())
+def test_murmur2_matches_kafka_utils_test(data: bytes, expected: int) -> None:
+    assert murmur2(data) == expected
+
+
+@pytest.mark.parametrize(("data", "expected"), LIBRDKAFKA_VECTORS.items())
+def test_murmur2_matches_librdkafka(data: bytes, expected: int) -> None:
+    assert murmur2(data) & 0xFFFFFFFF == expected
+
+
+def test_partition_for_is_kafka_default_partitioner() -> None:
+    for data, hashed in KAFKA_VECTORS.items():
+        for partitions in (1, 3, 12, 100):
+            expected = (hashed & 0x7FFFFFFF) % partitions
+            assert partition_for(data, partitions) == expected
+            assert partition_for(data.decode(), partitions) == expected
+    # "21" hashes negative: toPositive masks the sign bit (not abs(), not a signed modulo).
+    assert partition_for("21", 7) == 3  # abs() would give 6, Python's signed % gives 1
+    assert partition_for("ü", 7) == partition_for("ü".encode(), 7)
+    with pytest.raises(ValueError, match="positive"):
+        partition_for("a", 0)
