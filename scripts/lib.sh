@@ -24,3 +24,23 @@ maven_central_url() {
   unzip -p "$jar" org/apache/maven/model/pom-4.0.0.xml |
     sed -n 's#.*<url>\(https://[^<]*\)</url>.*#\1#p' | head -n1
 }
+
+# Writes a Maven settings.xml into directory $1 that sends every repository to Maven
+# Central (a POM's extra repositories, such as the GCS mirror in Spark's parent POM, may
+# be unreachable) and prints its path; DEDUP_MAVEN_SETTINGS names your own instead.
+maven_settings() {
+  if [[ -n "${DEDUP_MAVEN_SETTINGS:-}" ]]; then
+    echo "$DEDUP_MAVEN_SETTINGS"
+    return
+  fi
+  local url
+  url="$(maven_central_url)"
+  cat >"$1/settings.xml" <<EOF
+<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
+  <mirrors>
+    <mirror><id>central-only</id><mirrorOf>*</mirrorOf><url>$url</url></mirror>
+  </mirrors>
+</settings>
+EOF
+  echo "$1/settings.xml"
+}

@@ -40,18 +40,7 @@ command -v mvn >/dev/null || die "mvn not found (needed to fetch Kafka from Mave
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# Maven Central only: any extra repository a POM lists may be unreachable here, so every
-# repository is mirrored to $MAVEN_CENTRAL_URL. Set
-# DEDUP_MAVEN_SETTINGS to use your own settings.xml (e.g. a corporate mirror) instead.
-MAVEN_CENTRAL_URL="$(maven_central_url)"
-settings="${DEDUP_MAVEN_SETTINGS:-$work/settings.xml}"
-cat >"$work/settings.xml" <<EOF
-<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
-  <mirrors>
-    <mirror><id>central-only</id><mirrorOf>*</mirrorOf><url>$MAVEN_CENTRAL_URL</url></mirror>
-  </mirrors>
-</settings>
-EOF
+settings="$(maven_settings "$work")"
 dep() { # groupId artifactId version
   printf '    <dependency><groupId>%s</groupId><artifactId>%s</artifactId><version>%s</version></dependency>\n' "$1" "$2" "$3"
 }

@@ -52,18 +52,7 @@ command -v mvn >/dev/null || die "mvn not found (needed to fetch the Spark Kafka
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# Maven Central only: Spark's parent POM lists extra repositories (a GCS mirror) that may
-# be unreachable, so every repository is mirrored to $MAVEN_CENTRAL_URL. Set
-# DEDUP_MAVEN_SETTINGS to use your own settings.xml (e.g. a corporate mirror) instead.
-MAVEN_CENTRAL_URL="$(maven_central_url)"
-settings="${DEDUP_MAVEN_SETTINGS:-$work/settings.xml}"
-cat >"$work/settings.xml" <<EOF
-<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
-  <mirrors>
-    <mirror><id>central-only</id><mirrorOf>*</mirrorOf><url>$MAVEN_CENTRAL_URL</url></mirror>
-  </mirrors>
-</settings>
-EOF
+settings="$(maven_settings "$work")"
 cat >"$work/pom.xml" <<EOF
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
