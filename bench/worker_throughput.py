@@ -130,7 +130,9 @@ def quix_python() -> Path:
     return python
 
 
-def run_peer(bootstrap: str, name: str, records: int, state_dir: Path) -> dict[str, float]:
+def run_peer(
+    bootstrap: str, name: str, records: int, outputs: int, state_dir: Path
+) -> dict[str, float]:
     proc = subprocess.run(
         [
             str(quix_python()),
@@ -139,6 +141,7 @@ def run_peer(bootstrap: str, name: str, records: int, state_dir: Path) -> dict[s
             f"{name}-in",
             f"{name}-out",
             str(records),
+            str(outputs),
             str(state_dir),
         ],
         check=True,
@@ -189,7 +192,8 @@ def main() -> int:
         if args.skip_peer:
             return 0
         topics("quix", peer_records)
-        peer = run_peer(bootstrap, "quix", peer_records, Path(tmp) / "quix-state")
+        outputs = len({key for key, _ in data[:peer_records]})
+        peer = run_peer(bootstrap, "quix", peer_records, outputs, Path(tmp) / "quix-state")
         print(
             f"peer : {peer['records_per_s']:>10,.0f} records/s (Quix Streams {versions()['QUIXSTREAMS_VERSION']}, exactly-once)"
         )

@@ -2,7 +2,10 @@
 RocksDB state and exactly-once processing. Runs in its own virtual environment (Quix's
 pins conflict with ours); prints one JSON line with its timing.
 
-    quix_dedup.py BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC RECORDS STATE_DIR
+    quix_dedup.py BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC RECORDS OUTPUTS STATE_DIR
+
+Quix's `run(count=N)` stops after N *outputs*, so the caller passes how many distinct
+ids the input holds; the run fails loudly if that is not reached within the timeout.
 """
 
 import json
@@ -12,9 +15,11 @@ import time
 from quixstreams import Application
 from quixstreams.state import State
 
+TIMEOUT_S = 900.0
+
 
 def main() -> None:
-    bootstrap, input_topic, output_topic, records, state_dir = sys.argv[1:6]
+    bootstrap, input_topic, output_topic, records, outputs, state_dir = sys.argv[1:7]
     app = Application(
         broker_address=bootstrap,
         consumer_group=f"quix-{input_topic}",
@@ -38,8 +43,11 @@ def main() -> None:
     sdf = sdf.filter(first_time, stateful=True)
     sdf.to_topic(sink)
     started = time.monotonic()
-    app.run(count=int(records), timeout=600, collect=False)
-    print(json.dumps({"seconds": time.monotonic() - started, "records": int(records)}))
+    app.run(count=int(outputs), timeout=TIMEOUT_S, collect=False)
+    seconds = time.monotonic() - started
+    if seconds >= TIMEOUT_S - 1:
+        sys.exit(f"peer did not publish {outputs} records within {TIMEOUT_S} s")
+    print(json.dumps({"seconds": seconds, "records": int(records)}))
 
 
 if __name__ == "__main__":
