@@ -356,3 +356,10 @@ def test_wipe_refuses_an_open_store(store: Store, path: Path) -> None:
     with pytest.raises(StoreError, match="cannot wipe"):
         wipe(path)
     assert store.contains_many(keys(0, 3)) == [True] * 3
+
+
+def test_record_batch_known_new_skips_the_lookup_and_counts_exactly(store: Store) -> None:
+    batch = keys(0, 10)
+    store.record_batch(batch, 1, input_next_offset=10, output_next_offset=10, known_new=True)
+    assert store.key_count == 10
+    assert store.contains_many(batch) == [True] * 10

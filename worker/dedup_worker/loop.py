@@ -279,6 +279,9 @@ class DedupWorker:
             max((c.record.timestamp()[1] for c in batch.new), default=self._now_ms),
             input_next_offset=batch.next_input,
             output_next_offset=batch.last_output_offset + 1 if batch.new else None,
+            # distinct (triage), not in the store at lookup, not in the batch before
+            # (in-flight check), and nothing else writes the store meanwhile
+            known_new=True,
         )
         expired = self.store.expire(self._now_ms)
 

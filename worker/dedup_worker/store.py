@@ -297,17 +297,20 @@ class Store:
         *,
         input_next_offset: int | None,
         output_next_offset: int | None,
+        known_new: bool = False,
     ) -> None:
         """Add ``keys`` at ``timestamp_ms`` and set the offsets (None: unchanged), atomically.
 
         Keys already in the window (or repeated in ``keys``) are skipped, so replaying
         ids is harmless and ``key_count`` stays exact. Keys that the last
-        ``contains_many`` reported absent are not looked up again.
+        ``contains_many`` reported absent are not looked up again. ``known_new``: the
+        caller guarantees the keys are distinct and none is in the window (the worker,
+        which looked them up itself), so none is looked up.
         """
         db = self._open_db()
         _check_offset("input", input_next_offset)
         _check_offset("output", output_next_offset)
-        new = self._absent(keys)
+        new = list(keys) if known_new else self._absent(keys)
         batch = WriteBatch(raw_mode=True)
         before = self._generations
         generations = list(before)
