@@ -459,63 +459,18 @@ class KafkaBroker:
         partition: int | None = None,
         *,
         timeout_s: float = 30.0,
+        settle_s: float = 10.0,
     ) -> list[Message]:
-        """Every committed record of `topic` (or one partition) from the beginning to the
-        current end (the last stable offset), in partition then offset order.
-
-        Reads with isolation.level=read_committed through assign(): no consumer group,
-        nothing committed. Aborted records and transaction markers are skipped; records of
-        still-open transactions are after the end and not returned.
-        """
+        """`read_committed` (the module function) on this broker."""
         parts = [partition] if partition is not None else self.partitions(topic)
-        consumer = Consumer(
-            self.client_config(
-                **{
-                    "group.id": f"dedup-local-reader-{uuid.uuid4().hex}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "enable.partition.eof": True,
-                    "auto.offset.reset": "earliest",
-                }
-            )
+        return read_committed(
+            self.bootstrap,
+            topic,
+            parts,
+            timeout_s=timeout_s,
+            settle_s=settle_s,
+            client=self.client_config(),
         )
-        try:
-            ends: dict[int, int] = {}
-            for p in parts:
-                # With read_committed the high mark reported is the last stable offset.
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=timeout_s, cached=False
-                )
-                if high > low:
-                    ends[p] = high
-            if not ends:
-                return []
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-            out: dict[int, list[Message]] = {p: [] for p in ends}
-            pending = set(ends)
-            deadline = time.monotonic() + timeout_s
-            while pending:
-                if time.monotonic() > deadline:
-                    raise KafkaBrokerError(
-                        f"read_committed({topic!r}): partitions {sorted(pending)} did not reach "
-                        f"their end {ends} within {timeout_s}s"
-                    )
-                msg = consumer.poll(0.2)
-                if msg is not None:
-                    err = msg.error()
-                    p = msg.partition()
-                    if err is None:
-                        if p in pending and msg.offset() < ends[p]:
-                            out[p].append(msg)
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaBrokerError(f"read_committed({topic!r}) [{p}]: {err}")
-                for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-                    if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
-                        pending.discard(tp.partition)
-            return [m for p in sorted(out) for m in out[p]]
-        finally:
-            consumer.close()
 
     # --------------------------------------------------------------------- internal
 
@@ -656,3 +611,99 @@ def _min_heap(heap: str) -> str:
     suffix = heap[-1].lower()
     mib = float(heap[:-1]) * units[suffix] if suffix in units else float(heap) / 2**20
     return f"{max(128, int(mib // 4))}m"
+
+
+def _watermark_consumer(settings: Mapping[str, Any], isolation: str) -> Consumer:
+    return Consumer(
+        {
+            **settings,
+            "group.id": f"dedup-local-reader-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def read_committed(
+    bootstrap: str,
+    topic: str,
+    partitions: Sequence[int],
+    *,
+    timeout_s: float = 30.0,
+    settle_s: float = 10.0,
+    client: Mapping[str, Any] | None = None,
+) -> list[Message]:
+    """Every committed record of the partitions, from the beginning to the current end
+    (the last stable offset), in partition then offset order. An independent reader:
+    assign() with isolation.level=read_committed, no group, nothing committed.
+
+    `commit_transaction()` returns before the broker has written the commit markers into
+    the data partitions, and until then the records are past the last stable offset. So
+    first wait up to `settle_s` for the last stable offset to reach the high watermark
+    (every transaction complete); what is still open after that is not returned.
+    """
+    settings = {"bootstrap.servers": bootstrap, **(client or {})}
+    committed = _watermark_consumer(settings, "read_committed")
+    try:
+        ends = _settled_ends(settings, committed, topic, partitions, timeout_s, settle_s)
+        if not ends:
+            return []
+        committed.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        out: dict[int, list[Message]] = {p: [] for p in ends}
+        pending = set(ends)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise KafkaBrokerError(
+                    f"read_committed({topic!r}): partitions {sorted(pending)} did not reach "
+                    f"their end {ends} within {timeout_s}s"
+                )
+            msg = committed.poll(0.2)
+            if msg is not None:
+                err = msg.error()
+                p = msg.partition()
+                if err is None:
+                    if p in pending and msg.offset() < ends[p]:
+                        out[p].append(msg)
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaBrokerError(f"read_committed({topic!r}) [{p}]: {err}")
+            for tp in committed.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+        return [m for p in sorted(out) for m in out[p]]
+    finally:
+        committed.close()
+
+
+def _settled_ends(
+    settings: Mapping[str, Any],
+    committed: Consumer,
+    topic: str,
+    partitions: Sequence[int],
+    timeout_s: float,
+    settle_s: float,
+) -> dict[int, int]:
+    """Per non-empty partition, its last stable offset once it equals the high
+    watermark (or when `settle_s` has passed)."""
+    uncommitted = _watermark_consumer(settings, "read_uncommitted")
+    try:
+        deadline = time.monotonic() + settle_s
+        while True:
+            ends: dict[int, int] = {}
+            settled = True
+            for p in partitions:
+                tp = TopicPartition(topic, p)
+                # With read_committed the high mark reported is the last stable offset.
+                low, stable = committed.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+                _, high = uncommitted.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+                settled = settled and stable >= high
+                if stable > low:
+                    ends[p] = stable
+            if settled or time.monotonic() > deadline:
+                return ends
+            time.sleep(0.05)
+    finally:
+        uncommitted.close()

@@ -13,8 +13,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
+from dedup_local import kafka
 from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DedupWorker
@@ -107,37 +108,10 @@ def drain(worker: DedupWorker, idle_s: float = 3.0, timeout_s: float = 120) -> i
     return consumed
 
 
-def read_committed(
-    bootstrap: str, topic: str, partition: int = 0, timeout_s: float = 60
-) -> list[Message]:
-    """Every committed record of one partition, from the beginning to the current end.
-    An independent reader: it shares nothing with the worker but the broker."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("reader"),
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    out: list[Message] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for msg in consumer.consume(10_000, 1.0):
-                err = msg.error()
-                if err is None:
-                    out.append(msg)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    return out
-                else:
-                    raise RuntimeError(err.str())
-        raise TimeoutError(f"did not reach the end of {topic}[{partition}] in {timeout_s}s")
-    finally:
-        consumer.close()
+def read_committed(bootstrap: str, topic: str, partition: int = 0) -> list[Message]:
+    """Every committed record of one partition: an independent reader that shares
+    nothing with the worker but the broker."""
+    return kafka.read_committed(bootstrap, topic, [partition], timeout_s=60)
 
 
 def output_ids(bootstrap: str, topic: str, partition: int = 0) -> list[str]:
