@@ -21,12 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kube import ControlPlane
 from dedup_local.paths import REPO_ROOT
 from dedup_worker.ids import ID_HEADER, partition_for
+from dedup_worker.loop import DLQ_REASON
 
 PARTITIONS = 3
 EVENTS = 30_000
@@ -101,30 +102,9 @@ def worker(bootstrap: str, partition: int, state: Path, log: Path) -> subprocess
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def read_all(
-    bootstrap: str, topic: str, partitions: int
-) -> list[tuple[int, list[tuple[str, bytes]] | None, bytes | None]]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "demo-reader",
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: list[tuple[int, list[tuple[str, bytes]] | None, bytes | None]] = []
-    ended: set[int] = set()
-    while len(ended) < partitions:
-        for msg in consumer.consume(10_000, 1.0):
-            err = msg.error()
-            if err is None:
-                out.append((msg.partition(), msg.headers(), msg.value()))
-            elif err.code() == KafkaError._PARTITION_EOF:
-                ended.add(msg.partition())
-    consumer.close()
-    return out
+def header(msg: Message, name: str) -> str:
+    value: bytes = dict(msg.headers() or [])[name]
+    return value.decode()
 
 
 def committed(bootstrap: str) -> int:
@@ -169,9 +149,9 @@ def main() -> int:
         for w in workers.values():
             w.terminate()
             w.wait(30)
-        out = read_all(kafka.bootstrap, "events-deduped", PARTITIONS)
-        dead = read_all(kafka.bootstrap, "events-dlq", PARTITIONS)
-        ids = [dict(h or [])[ID_HEADER].decode() for _, h, _ in out]
+        out = kafka.read_committed("events-deduped")
+        dead = kafka.read_committed("events-dlq")
+        ids = [header(m, ID_HEADER) for m in out]
         expected = set(sent)
         ok = len(ids) == len(set(ids)) and set(ids) == expected and len(dead) == malformed
         say(f"input records           {total}")
@@ -179,7 +159,7 @@ def main() -> int:
         say(f"published               {len(ids)}")
         say(f"duplicates dropped      {len(sent) - len(ids)}")
         say(
-            f"dead-lettered           {len(dead)} (reasons: {sorted({dict(h or [])['dedup.reason'].decode() for _, h, _ in dead})})"
+            f"dead-lettered           {len(dead)} (reasons: {sorted({header(m, DLQ_REASON) for m in dead})})"
         )
         say("exactly once: " + ("YES, every id once, nothing lost" if ok else "NO"))
         return 0 if ok else 1
