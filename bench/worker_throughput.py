@@ -76,7 +76,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_ours(bootstrap: str, name: str, records: int, store_dir: Path) -> dict[str, float]:
+def run_ours(
+    bootstrap: str, name: str, records: int, store_dir: Path, batch_size: int
+) -> dict[str, float]:
     cfg = WorkerConfig(
         bootstrap_servers=bootstrap,
         input_topic=f"{name}-in",
@@ -86,7 +88,7 @@ def run_ours(bootstrap: str, name: str, records: int, store_dir: Path) -> dict[s
         pipeline=name,
         store_path=store_dir,
         window=WindowPolicy(duration_ms=7 * 24 * 3600 * 1000, max_keys=None),
-        batch_size=5000,
+        batch_size=batch_size,
         linger_ms=20,
     )
     latencies: list[float] = []
@@ -161,6 +163,7 @@ def main() -> int:
         "--peer-records", type=int, default=None, help="records for the peer (default: same)"
     )
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=5000, help="our worker's batch size")
     parser.add_argument("--bootstrap", help="use this broker instead of starting a local one")
     args = parser.parse_args()
 
@@ -184,9 +187,9 @@ def main() -> int:
             f"[bench] {args.records} records of ~300 B, {DUPLICATE_SHARE:.0%} duplicates, 1 partition, exactly-once"
         )
         topics("ours", args.records)
-        ours = run_ours(bootstrap, "ours", args.records, Path(tmp) / "store")
+        ours = run_ours(bootstrap, "ours", args.records, Path(tmp) / "store", args.batch_size)
         print(
-            f"ours : {ours['records_per_s']:>10,.0f} records/s (steady {ours['steady_records_per_s']:,.0f}/s, "
+            f"ours : batch {args.batch_size}: {ours['records_per_s']:>10,.0f} records/s (steady {ours['steady_records_per_s']:,.0f}/s, "
             f"startup {ours['startup_s']:.2f}s)  commit p50 {ours['p50_commit_ms']:.1f} ms  p99 {ours['p99_commit_ms']:.1f} ms"
         )
         if args.skip_peer:
