@@ -25,7 +25,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from dedup_local.kafka import KafkaBroker
+from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig
 from dedup_worker.loop import DedupWorker
@@ -61,14 +61,8 @@ def fill(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> None:
             "compression.type": "lz4",
         }
     )
-    for key, value in data:
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush(120)
+    records = ({"key": key, "value": value, "partition": 0} for key, value in data)
+    produce_all(producer, topic, records, timeout_s=120)
 
 
 def percentile(values: list[float], q: float) -> float:

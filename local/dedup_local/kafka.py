@@ -425,33 +425,12 @@ class KafkaBroker:
             self._producer = Producer(
                 self.client_config(**{"enable.idempotence": True, "acks": "all", "linger.ms": 5})
             )
-        producer = self._producer
-        errors: list[KafkaError] = []
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err)
-
-        for key, value, headers in records:
-            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
-            if headers:
-                kwargs["headers"] = list(headers)
-            if partition is not None:
-                kwargs["partition"] = partition
-            while True:
-                try:
-                    producer.produce(topic, **kwargs)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
-        remaining = producer.flush(timeout_s)
-        if remaining:
-            raise KafkaBrokerError(
-                f"{remaining} records to {topic!r} not delivered in {timeout_s}s"
-            )
-        if errors:
-            raise KafkaBrokerError(f"produce to {topic!r} failed: {errors[0]}")
+        records_kwargs = (
+            {"key": key, "value": value, "headers": list(headers) if headers else None}
+            | ({} if partition is None else {"partition": partition})
+            for key, value, headers in records
+        )
+        produce_all(self._producer, topic, records_kwargs, timeout_s=timeout_s)
 
     def read_committed(
         self,
@@ -707,3 +686,37 @@ def _settled_ends(
             time.sleep(0.05)
     finally:
         uncommitted.close()
+
+
+def produce_all(
+    producer: Producer,
+    topic: str,
+    records: Iterable[Mapping[str, Any]],
+    *,
+    timeout_s: float = 30.0,
+) -> int:
+    """Produce each record (keyword arguments of `Producer.produce`), waiting for room
+    when the local queue is full, then flush; raises if any record was not delivered."""
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    count = 0
+    for record in records:
+        while True:
+            try:
+                producer.produce(topic, on_delivery=on_delivery, **record)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(timeout_s)
+    if remaining:
+        raise KafkaBrokerError(f"{remaining} records to {topic!r} not delivered in {timeout_s}s")
+    if errors:
+        raise KafkaBrokerError(f"produce to {topic!r} failed: {errors[0]}")
+    return count

@@ -55,30 +55,17 @@ def produce(
     values: Iterable[bytes | None],
     partition: int = 0,
     timestamps: Sequence[int] | None = None,
-    keys: Sequence[bytes | None] | None = None,
-    headers: Sequence[list[tuple[str, bytes]] | None] | None = None,
 ) -> int:
+    """Produce values to one partition (with these timestamps, if given); flushed."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
     )
-    count = 0
-    for i, value in enumerate(values):
-        kwargs: dict[str, Any] = {"value": value, "partition": partition}
-        if timestamps is not None:
-            kwargs["timestamp"] = timestamps[i]
-        if keys is not None:
-            kwargs["key"] = keys[i]
-        if headers is not None and headers[i] is not None:
-            kwargs["headers"] = headers[i]
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        count += 1
-    assert producer.flush(60) == 0
-    return count
+    records = (
+        {"value": value, "partition": partition}
+        | ({} if timestamps is None else {"timestamp": timestamps[i]})
+        for i, value in enumerate(values)
+    )
+    return kafka.produce_all(producer, topic, records, timeout_s=60)
 
 
 def run_until_consumed(worker: DedupWorker, total: int, timeout_s: float = 120) -> None:
