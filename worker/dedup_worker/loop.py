@@ -66,18 +66,37 @@ class BatchResult:
 class _Batch:
     """A polled batch between preparation and completion."""
 
-    records: list[Message]
+    records: list[Message]  # the data records of one poll, in offset order
     split: Triage
-    first_offset: int
-    next_input: int
-    consumed: int
-    newest_ms: int
-    new: list[Candidate]
+    new: list[Candidate]  # first occurrences the window does not hold
     new_keys: frozenset[bytes]
-    dead_letters: list[DeadLetter]
-    duplicates: int
     started: float = 0.0
     last_output_offset: int = -1
+
+    @property
+    def first_offset(self) -> int:
+        return int(self.records[0].offset())
+
+    @property
+    def next_input(self) -> int:
+        return int(self.records[-1].offset()) + 1
+
+    @property
+    def newest_ms(self) -> int:
+        return max(int(r.timestamp()[1]) for r in self.records)
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        return self.split.dead_letters
+
+    @property
+    def duplicates(self) -> int:
+        return self.split.repeats + len(self.split.firsts) - len(self.new)
+
+    def result(self) -> BatchResult:
+        return BatchResult(
+            len(self.records), len(self.new), self.duplicates, len(self.dead_letters)
+        )
 
     def on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -235,18 +254,7 @@ class DedupWorker:
             flying = self._in_flight.new_keys
             present = [hit or c.key in flying for c, hit in zip(split.firsts, present, strict=True)]
         new = select_new(split.firsts, present)
-        return _Batch(
-            records=records,
-            split=split,
-            first_offset=records[0].offset(),
-            next_input=records[-1].offset() + 1,
-            consumed=len(records),
-            newest_ms=max(r.timestamp()[1] for r in records),
-            new=new,
-            new_keys=frozenset(c.key for c in new),
-            dead_letters=split.dead_letters,
-            duplicates=split.repeats + len(split.firsts) - len(new),
-        )
+        return _Batch(records, split, new, frozenset(c.key for c in new))
 
     def _send(self, batch: _Batch) -> None:
         """Open the batch's transaction, produce its records, and commit it in the
@@ -286,7 +294,7 @@ class DedupWorker:
         expired = self.store.expire(self._now_ms)
 
         m = self.metrics
-        m.records_in.inc(batch.consumed)
+        m.records_in.inc(len(batch.records))
         m.records_out.inc(len(batch.new))
         m.duplicates.inc(batch.duplicates)
         for dead in batch.dead_letters:
@@ -295,10 +303,7 @@ class DedupWorker:
             m.expired_ids.inc(expired)
         self._refresh_store_gauges()
         self._update_lag()
-        result = BatchResult(
-            batch.consumed, len(batch.new), batch.duplicates, len(batch.dead_letters)
-        )
-        return result, False, expired
+        return batch.result(), False, expired
 
     def _produce_batch(self, batch: _Batch) -> None:
         assert self.producer is not None
