@@ -201,8 +201,11 @@ class DedupWorker:
             self.consumer.close()
             self.consumer = None
         if self.producer is not None:
-            self.producer.flush(10)
-            self.producer = None
+            producer, self.producer = self.producer, None
+            try:
+                producer.flush(10)
+            except KafkaException as exc:  # fenced or fatal: nothing of ours to deliver
+                log.warning("producer not flushed on close", extra={"error": str(exc)})
         if self.store is not None:
             self.store.close()
             self.store = None
