@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from rocksdict import (
     BottommostLevelCompaction,
@@ -133,6 +133,30 @@ def progress(message: str) -> None:
 # --- ours ------------------------------------------------------------------------------
 
 
+class Lookups(Protocol):
+    def contains_many(self, keys: Batch) -> list[bool]: ...
+
+
+L = TypeVar("L", bound=Lookups)
+
+
+def measure_reads(label: str, reopen: Callable[[], L], work: Workload, result: Result) -> L:
+    """Reopen (timed until the first batched lookup answered), then lookups/s."""
+    began = time.perf_counter()
+    store = reopen()
+    first = store.contains_many(work.mixed[0])
+    result.reopen_s = time.perf_counter() - began
+    assert sum(first) == BATCH // 2, sum(first)
+    progress(f"{label}: lookups")
+    result.lookups_per_s, result.lookups_per_cpu_s = timed_lookups(
+        store.contains_many, work.mixed, work.warmup
+    )
+    result.realistic_lookups_per_s, _ = timed_lookups(
+        store.contains_many, work.realistic, work.warmup
+    )
+    return store
+
+
 def bench_ours(path: Path, keys: int, work: Workload, config: StoreConfig) -> Result:
     result = Result()
     window = WindowPolicy(max_keys=keys)
@@ -168,18 +192,7 @@ def bench_ours(path: Path, keys: int, work: Workload, config: StoreConfig) -> Re
         assert store.key_count == keys, (store.key_count, keys)
         result.bytes_per_key = store.disk_bytes() / keys
     gc.collect()
-    began = time.perf_counter()
-    store = Store.open(path, OWNER, window, config)
-    first = store.contains_many(work.mixed[0])
-    result.reopen_s = time.perf_counter() - began
-    assert sum(first) == BATCH // 2, sum(first)
-    progress("ours: lookups")
-    result.lookups_per_s, result.lookups_per_cpu_s = timed_lookups(
-        store.contains_many, work.mixed, work.warmup
-    )
-    result.realistic_lookups_per_s, _ = timed_lookups(
-        store.contains_many, work.realistic, work.warmup
-    )
+    store = measure_reads("ours", lambda: Store.open(path, OWNER, window, config), work, result)
     store.close()
     # Expire the oldest eighth: reopen with a window one eighth smaller.
     store = Store.open(path, OWNER, WindowPolicy(max_keys=keys - keys // 8), config)
@@ -267,18 +280,7 @@ def bench_baseline(path: Path, keys: int, work: Workload) -> Result:
     base.close()
     gc.collect()
     result.bytes_per_key = directory_bytes(path) / keys
-    began = time.perf_counter()
-    base = Baseline(path)
-    first = base.contains_many(work.mixed[0])
-    result.reopen_s = time.perf_counter() - began
-    assert sum(first) == BATCH // 2, sum(first)
-    progress("baseline: lookups")
-    result.lookups_per_s, result.lookups_per_cpu_s = timed_lookups(
-        base.contains_many, work.mixed, work.warmup
-    )
-    result.realistic_lookups_per_s, _ = timed_lookups(
-        base.contains_many, work.realistic, work.warmup
-    )
+    base = measure_reads("baseline", lambda: Baseline(path), work, result)
     began = time.perf_counter()
     base.expire_oldest(keys // 8)
     result.expire_s = time.perf_counter() - began
