@@ -17,7 +17,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -448,7 +447,12 @@ class DedupWorker:
     def _resume_offset(self) -> int:
         assert self.consumer is not None
         committed = self.consumer.committed([self._input], timeout=30)[0].offset
-        return int(committed) if committed >= 0 else OFFSET_BEGINNING
+        if committed >= 0:
+            return int(committed)
+        # Nothing committed yet: the partition's first offset, given explicitly; the
+        # logical OFFSET_BEGINNING costs librdkafka a reset round (~1 s to first fetch).
+        low, _ = self.consumer.get_watermark_offsets(self._input, timeout=30)
+        return int(low)
 
     def _update_lag(self) -> None:
         assert self.consumer is not None
