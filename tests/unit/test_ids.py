@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from dedup_worker import ids
 from dedup_worker.ids import (
     ID_HEADER,
     MAX_ID_BYTES,
@@ -254,3 +255,54 @@ def test_partition_for_is_kafka_default_partitioner() -> None:
     assert partition_for("ü", 7) == partition_for("ü".encode(), 7)
     with pytest.raises(ValueError, match="positive"):
         partition_for("a", 0)
+
+
+# The fast JSON path (orjson) must decide exactly as the standard parser does.
+FAST_PATH_CORPUS = [
+    b'{"messageId": "a"}',
+    b'{"messageId": "a", "messageId": "b"}',
+    b'{"messageId": 42}',
+    b'{"messageId": -0}',
+    b'{"messageId": 18446744073709551615}',
+    b'{"messageId": 18446744073709551616}',
+    b'{"messageId": -9223372036854775809}',
+    b'{"messageId": 100000000000000000000000000000001}',
+    b'{"messageId": 1e2}',
+    b'{"messageId": 42.0}',
+    b'{"messageId": "\\ud800"}',
+    b'{"messageId": "\\ud83d\\ude00"}',
+    b'\xef\xbb\xbf{"messageId": "bom"}',
+    b'{"messageId": NaN}',
+    b'{"messageId": Infinity}',
+    b'{"messageId": "x"} trailing',
+    b' \n{"messageId": "spaces"}\t ',
+    b"[" * 2000 + b"]" * 2000,
+    b'{"messageId": "' + b"x" * 600 + b'"}',
+    b'{"messageId": ""}',
+    b'{"messageId": true}',
+    b'{"meta": {"id": 1}}',
+    b'"just a string"',
+    b"\xff\xfe",
+    b'{"messageId": "caf\xc3\xa9"}',
+    b'{"messageId": "caf\xe9"}',
+]
+
+
+def outcome(value: bytes) -> str:
+    try:
+        return "id:" + extract_id(JSON, None, value, None)
+    except InvalidRecord as invalid:
+        return "reason:" + invalid.reason
+
+
+@pytest.mark.parametrize("value", FAST_PATH_CORPUS)
+def test_fast_json_path_agrees_with_the_standard_parser(
+    value: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = outcome(value)
+
+    def refuse(_: bytes) -> None:
+        raise ids._FastJSONError("forced onto the standard parser", "", 0)
+
+    monkeypatch.setattr(ids, "_fast_loads", refuse)
+    assert fast == outcome(value)

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
+import orjson
+
 IdSource = Literal["jsonField", "header", "key"]
 ID_SOURCES: Final[tuple[IdSource, ...]] = get_args(IdSource)
 
@@ -190,6 +192,8 @@ _scan_once: Callable[[str, int], tuple[Any, int]]
 _scan_once = json.JSONDecoder(parse_constant=_reject_constant).scan_once  # type: ignore[attr-defined]
 _JSON_SPACE: Final = " \t\n\r"
 _ABSENT: Final = object()
+_fast_loads: Final = orjson.loads
+_FastJSONError: Final = orjson.JSONDecodeError
 
 
 def _id_from_json(field: str, value: bytes | None) -> str:
@@ -197,13 +201,29 @@ def _id_from_json(field: str, value: bytes | None) -> str:
         raise InvalidRecord(NULL_VALUE, "record value is null (tombstone)")
     if not value:
         raise InvalidRecord(EMPTY_VALUE, "record value is empty")
+    # Fast path: orjson parses ~4x faster and is at least as strict (UTF-8, no BOM, no
+    # NaN/Infinity, no trailing data; the last duplicate name wins). What it refuses
+    # takes the standard parser, which also names the reason. One difference needs care:
+    # orjson turns an integer beyond 64 bits into a float, which these rules would reject,
+    # so an id that comes out as a float is decided by the standard parser too.
+    try:
+        found = _id_field(field, _fast_loads(value))
+    except _FastJSONError:
+        pass
+    else:
+        if type(found) is not float:
+            return _checked_id(found, field)
     try:
         text = value.decode()
     except UnicodeDecodeError as error:
         raise InvalidRecord(
             NOT_UTF8, f"record value is not UTF-8 ({error.reason} at byte {error.start})"
         ) from None
-    document = _parse_json(text)
+    return _checked_id(_id_field(field, _parse_json(text)), field)
+
+
+def _id_field(field: str, document: Any) -> Any:
+    """The value at ``field`` in a parsed record value (``_ABSENT`` if missing)."""
     if type(document) is not dict:
         raise InvalidRecord(
             NOT_OBJECT, f"record value is a JSON {_json_type(document)}, not an object"
@@ -220,6 +240,10 @@ def _id_from_json(field: str, value: bytes | None) -> str:
                 )
             found = found.get(name, _ABSENT)
             walked.append(name)
+    return found
+
+
+def _checked_id(found: Any, field: str) -> str:
     if type(found) is str:
         return _checked_text(found, field)
     if type(found) is int:
