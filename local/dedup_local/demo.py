@@ -21,13 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
-from dedup_local.kafka import KafkaBroker
+from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.kube import ControlPlane
 from dedup_local.paths import REPO_ROOT
+from dedup_worker.cli import arguments
+from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER, partition_for
 from dedup_worker.loop import DLQ_REASON
+from dedup_worker.window import WindowPolicy, parse_duration_ms
 
 PARTITIONS = 3
 EVENTS = 30_000
@@ -92,13 +95,17 @@ def produce_events(bootstrap: str, rng: random.Random) -> tuple[list[str], int]:
 
 
 def worker(bootstrap: str, partition: int, state: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable, "-m", "dedup_worker.cli",
-        "--bootstrap-servers", bootstrap, "--pipeline", "events",
-        "--input-topic", "events", "--output-topic", "events-deduped", "--dead-letter-topic", "events-dlq",
-        "--partition", str(partition), "--store-path", str(state / f"events-p{partition}"),
-        "--window-duration", "672h", "--metrics-port", "0",
-    ]  # fmt: skip
+    config = WorkerConfig(
+        bootstrap_servers=bootstrap,
+        pipeline="events",
+        input_topic="events",
+        output_topic="events-deduped",
+        dead_letter_topic="events-dlq",
+        partition=partition,
+        store_path=state / f"events-p{partition}",
+        window=WindowPolicy(duration_ms=parse_duration_ms("672h")),
+    )
+    argv = [sys.executable, "-m", "dedup_worker.cli", *arguments(config)]
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -108,12 +115,8 @@ def header(msg: Message, name: str) -> str:
 
 
 def committed(bootstrap: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "dedup-events"})
-    offsets = consumer.committed(
-        [TopicPartition("events", p) for p in range(PARTITIONS)], timeout=10
-    )
-    consumer.close()
-    return sum(max(0, tp.offset) for tp in offsets)
+    offsets = committed_offsets(bootstrap, "dedup-events", "events", range(PARTITIONS))
+    return sum(max(0, offset) for offset in offsets)
 
 
 def main() -> int:
@@ -143,7 +146,10 @@ def main() -> int:
         deadline = time.monotonic() + 300
         while committed(kafka.bootstrap) < total:
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers.values()):
-                say(f"workers did not finish; their log:\n{log.read_text()[-3000:]}")
+                codes = {p: w.poll() for p, w in workers.items()}
+                say(
+                    f"workers did not finish (exit codes {codes}); their log:\n{log.read_text()[-3000:]}"
+                )
                 return 1
             time.sleep(0.5)
         for w in workers.values():

@@ -720,3 +720,18 @@ def produce_all(
     if errors:
         raise KafkaBrokerError(f"produce to {topic!r} failed: {errors[0]}")
     return count
+
+
+def committed_offsets(
+    bootstrap: str, group: str, topic: str, partitions: Sequence[int]
+) -> list[int]:
+    """The offsets `group` has committed for the partitions (-1001 where none), read
+    without joining the group."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return [int(tp.offset) for tp in found]
+    finally:
+        consumer.close()

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
+from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
 from support.worker_helpers import (
     event,
@@ -49,13 +49,7 @@ def make_stream(rng: random.Random) -> list[str]:
 
 
 def committed_offset(bootstrap: str, group: str, topic: str) -> int:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
-    )
-    try:
-        return int(consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset)
-    finally:
-        consumer.close()
+    return local_kafka.committed_offsets(bootstrap, group, topic, [0])[0]
 
 
 def ready(port: int) -> bool:

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Message, Producer
 
 from dedup_local import kafka
+from dedup_worker.cli import arguments
 from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DedupWorker
@@ -116,25 +118,12 @@ def payload_ids(messages: Iterable[Message]) -> list[str]:
 
 def worker_command(cfg: WorkerConfig, metrics_port: int = 0) -> list[str]:
     """The `dedup-worker` command line for a config (subprocess tests)."""
-    argv = [
-        sys.executable, "-m", "dedup_worker.cli",
-        "--bootstrap-servers", cfg.bootstrap_servers,
-        "--input-topic", cfg.input_topic,
-        "--output-topic", cfg.output_topic,
-        "--partition", str(cfg.partition),
-        "--pipeline", cfg.pipeline,
-        "--store-path", str(cfg.store_path),
-        "--batch-size", str(cfg.batch_size),
-        "--linger-ms", str(cfg.linger_ms),
-        "--metrics-port", str(metrics_port),
-    ]  # fmt: skip
-    if cfg.dead_letter_topic:
-        argv += ["--dead-letter-topic", cfg.dead_letter_topic]
-    if cfg.window.duration_ms is not None:
-        argv += ["--window-duration", f"{cfg.window.duration_ms // 1000}s"]
-    if cfg.window.max_keys is not None:
-        argv += ["--window-max-keys", str(cfg.window.max_keys)]
-    return argv
+    return [
+        sys.executable,
+        "-m",
+        "dedup_worker.cli",
+        *arguments(replace(cfg, metrics_port=metrics_port)),
+    ]
 
 
 def start_worker(

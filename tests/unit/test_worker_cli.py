@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup_worker.cli import EXIT_CONFIG, build_parser, config_from_args, main
+from dedup_worker.cli import EXIT_CONFIG, arguments, build_parser, config_from_args, main
 from dedup_worker.config import transactional_id
 
 BASE = [
@@ -72,3 +72,30 @@ def test_window_is_required(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_number_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*BASE, "--batch-size", "lots"]) == EXIT_CONFIG
     assert "--batch-size must be a whole number" in capsys.readouterr().err
+
+
+def test_arguments_reproduce_the_config() -> None:
+    cfg = config_from_args(
+        build_parser().parse_args(
+            [
+                *BASE,
+                "--window-max-keys",
+                "1000",
+                "--dead-letter-topic",
+                "dlq",
+                "--namespace",
+                "ns",
+                "--id-source",
+                "header",
+                "--id-field",
+                "x-id",
+                "--block-cache-mb",
+                "128",
+                "--metrics-port",
+                "9500",
+                "--kafka-config",
+                "a=1,b=2",
+            ]
+        )
+    )
+    assert config_from_args(build_parser().parse_args(arguments(cfg))) == cfg

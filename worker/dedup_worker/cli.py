@@ -21,8 +21,8 @@ from dedup_worker.fencing import Fenced
 from dedup_worker.ids import IdSpec
 from dedup_worker.loop import DedupWorker, NoDeadLetterTopic
 from dedup_worker.metrics import Health, WorkerMetrics, serve
-from dedup_worker.store import StoreConfig, StoreError
-from dedup_worker.window import WindowPolicy, parse_duration_ms
+from dedup_worker.store import MiB, StoreConfig, StoreError
+from dedup_worker.window import WindowPolicy, format_duration_ms, parse_duration_ms
 
 log = logging.getLogger("dedup_worker")
 
@@ -145,6 +145,36 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         kafka_settings=kafka_settings,
         metrics_port=metrics_port or None,
     )
+
+
+def arguments(config: WorkerConfig) -> list[str]:
+    """The `dedup-worker` flags that reproduce `config` (the inverse of
+    `config_from_args`), for whatever starts workers: tests, the demo, pod specs."""
+    argv = [
+        "--bootstrap-servers", config.bootstrap_servers,
+        "--input-topic", config.input_topic,
+        "--output-topic", config.output_topic,
+        "--partition", str(config.partition),
+        "--pipeline", config.pipeline,
+        "--namespace", config.namespace,
+        "--consumer-group", config.group,
+        "--store-path", str(config.store_path),
+        "--id-source", config.id_spec.source,
+        "--id-field", config.id_spec.field,
+        "--batch-size", str(config.batch_size),
+        "--linger-ms", str(config.linger_ms),
+        "--block-cache-mb", str(config.store.block_cache_bytes // MiB),
+        "--metrics-port", str(config.metrics_port or 0),
+    ]  # fmt: skip
+    if config.dead_letter_topic:
+        argv += ["--dead-letter-topic", config.dead_letter_topic]
+    if config.window.duration_ms is not None:
+        argv += ["--window-duration", format_duration_ms(config.window.duration_ms)]
+    if config.window.max_keys is not None:
+        argv += ["--window-max-keys", str(config.window.max_keys)]
+    if config.kafka_settings:
+        argv += ["--kafka-config", ",".join(f"{k}={v}" for k, v in config.kafka_settings.items())]
+    return argv
 
 
 def _int(text: str, flag: str) -> int:

@@ -34,24 +34,28 @@ class CatchUp:
 
 
 def start_offset(
-    store: Store, consumer: Consumer, tp: TopicPartition, rebuild_from_ms: int | None
+    store: Store,
+    consumer: Consumer,
+    tp: TopicPartition,
+    rebuild_from_ms: int | None,
+    low: int,
+    end: int,
 ) -> tuple[int, bool]:
-    """Where to start reading the output partition, and whether this is a full rebuild."""
+    """Where to start reading the output partition (whose first and last stable offsets
+    are `low` and `end`), and whether this is a full rebuild."""
     applied = store.output_next_offset
     if applied is not None:
         return applied, False
     if rebuild_from_ms is None:
         # The explicit first offset, not OFFSET_BEGINNING: librdkafka resolves a logical
         # offset with a reset round that delayed the first fetch by about a second.
-        low, _ = consumer.get_watermark_offsets(tp, timeout=30)
-        return int(low), True
+        return low, True
     found = consumer.offsets_for_times(
         [TopicPartition(tp.topic, tp.partition, rebuild_from_ms)], timeout=30
     )
     offset = found[0].offset
     if offset < 0:  # nothing that recent: the window holds no published id
-        _, high = consumer.get_watermark_offsets(tp, timeout=30)
-        return int(high), True
+        return end, True
     return int(offset), True
 
 
@@ -76,12 +80,12 @@ def catch_up(
     """
     started = time.monotonic()
     tp = TopicPartition(topic, partition)
-    first, rebuilt = start_offset(store, consumer, tp, rebuild_from_ms)
+    low, end = consumer.get_watermark_offsets(tp, timeout=30)  # read_committed: last stable
+    first, rebuilt = start_offset(store, consumer, tp, rebuild_from_ms, int(low), int(end))
     log.info(
         "catch-up from output topic",
         extra={"topic": topic, "partition": partition, "from_offset": first, "rebuild": rebuilt},
     )
-    _, end = consumer.get_watermark_offsets(tp, timeout=30)  # read_committed: last stable
     if nothing_to_read(first, int(end)):
         result = CatchUp(first, first, 0, 0, time.monotonic() - started, rebuilt)
         log.info("catch-up done: output has nothing past the store", extra={"offset": first})
@@ -111,7 +115,8 @@ def catch_up(
                     continue
                 keys.append(id_key(message_id))
                 newest_ms = max(newest_ms, int(msg.timestamp()[1]))
-            if keys or next_offset != (store.output_next_offset or first):
+            recorded = store.output_next_offset
+            if keys or next_offset != (first if recorded is None else recorded):
                 store.record_batch(
                     keys, newest_ms, input_next_offset=None, output_next_offset=next_offset
                 )
