@@ -249,3 +249,17 @@ def test_cli_serves_metrics_and_probes_and_stops_on_sigterm(
 
 def _line(body: str, name: str) -> str:
     return next((line for line in body.splitlines() if line.startswith(name + "{")), "")
+
+
+def test_worker_starts_on_a_broker_that_just_started(
+    kafka_broker_factory: Any, tmp_path: Path
+) -> None:
+    # A fresh broker answers NOT_COORDINATOR while it loads its offsets topic; the
+    # worker's first committed-offset lookup must wait that out, not crash.
+    broker = kafka_broker_factory()
+    for suffix in ("in", "out", "dlq"):
+        broker.create_topic(f"fresh-{suffix}", 1)
+    cfg = worker_config(broker.bootstrap, tmp_path, "fresh")
+    produce(broker.bootstrap, cfg.input_topic, (event(f"f{i}") for i in range(50)))
+    run_until_consumed(DedupWorker(cfg), 50)
+    assert output_ids(broker.bootstrap, cfg.output_topic) == [f"f{i}" for i in range(50)]

@@ -45,7 +45,18 @@ DLQ_OFFSET = "dedup.origin.offset"
 
 DISK_GAUGE_EVERY_S = 10.0
 
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+def worth_retrying(err: object) -> bool:
+    """Whether a failed offset lookup may succeed if asked again: a retriable error, or
+    the group coordinator moving or still loading (a broker that has just started)."""
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in _COORDINATOR_MOVING)
 
 
 class NoDeadLetterTopic(RuntimeError):
@@ -156,7 +167,11 @@ class DedupWorker:
         self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
         self.producer = Producer(self._producer_settings())
         log.info("initialising transactions", extra={"transactional_id": cfg.transactional_id})
-        self._kafka_call(lambda: self.producer.init_transactions(60))  # type: ignore[union-attr]
+        try:
+            self.producer.init_transactions(60)
+        except KafkaException as exc:
+            self._raise_if_fenced(exc)
+            raise
         self.consumer = Consumer(self._consumer_settings())
         rebuild_from = None
         if cfg.window.duration_ms is not None:
@@ -446,13 +461,29 @@ class DedupWorker:
 
     def _resume_offset(self) -> int:
         assert self.consumer is not None
-        committed = self.consumer.committed([self._input], timeout=30)[0].offset
+        committed = self._committed_input_offset()
         if committed >= 0:
-            return int(committed)
+            return committed
         # Nothing committed yet: the partition's first offset, given explicitly; the
         # logical OFFSET_BEGINNING costs librdkafka a reset round (~1 s to first fetch).
         low, _ = self.consumer.get_watermark_offsets(self._input, timeout=30)
         return int(low)
+
+    def _committed_input_offset(self, deadline_s: float = 60.0) -> int:
+        """The input offset committed by the last transaction. A broker that has just
+        started answers NOT_COORDINATOR while it loads its offsets topic: that and other
+        retriable errors are retried until `deadline_s`."""
+        assert self.consumer is not None
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                return int(self.consumer.committed([self._input], timeout=30)[0].offset)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not worth_retrying(err) or time.monotonic() > deadline:
+                    raise
+                log.info("committed offsets not available yet; retrying", extra={"error": str(exc)})
+                time.sleep(0.2)
 
     def _update_lag(self) -> None:
         assert self.consumer is not None
@@ -478,13 +509,6 @@ class DedupWorker:
         if self.store is not None and now - self._disk_measured >= DISK_GAUGE_EVERY_S:
             self._disk_measured = now
             self.metrics.store_bytes.set(self.store.disk_bytes())
-
-    def _kafka_call(self, call: Callable[[], object]) -> None:
-        try:
-            call()
-        except KafkaException as exc:
-            self._raise_if_fenced(exc)
-            raise
 
     def _producer_settings(self) -> dict[str, object]:
         cfg = self.config
