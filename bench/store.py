@@ -356,7 +356,7 @@ def report(
         f"{load[1]:.1f} at end; peak RSS {ours.peak_rss_mib:,.0f} MiB after ours",
         f"ours: {config.generations} generations, block cache {config.block_cache_bytes // MiB} MiB, "
         f"write buffers {config.max_write_buffers} x {config.write_buffer_bytes // MiB} MiB, "
-        f"bloom {config.bloom_bits_per_key} bits/id",
+        f"bloom {config.bloom_bits_per_key} bits/id, {config.lookup_threads} lookup thread(s)",
         "",
         "| metric | ours (generations) | baseline (id + sequence index) | ours / baseline | target |",
         "|---|---:|---:|---:|---|",
@@ -400,6 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=StoreConfig().block_cache_bytes // MiB,
         help="block cache of ours (default: StoreConfig's)",
     )
+    parser.add_argument(
+        "--lookup-threads",
+        type=int,
+        default=StoreConfig().lookup_threads,
+        help="threads sharing each batched lookup of ours (default: StoreConfig's)",
+    )
     args = parser.parse_args(argv)
     keys = 100_000_000 if args.huge else args.keys
     if keys < BATCH or args.lookup_batches <= args.warmup:
@@ -414,7 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.warmup,
         )
         config = StoreConfig(
-            generations=args.generations, block_cache_bytes=args.block_cache_mib * MiB
+            generations=args.generations,
+            block_cache_bytes=args.block_cache_mib * MiB,
+            lookup_threads=args.lookup_threads,
         )
         ours = bench_ours(scratch / "ours", keys, work, config)
         shutil.rmtree(scratch / "ours")

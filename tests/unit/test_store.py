@@ -13,6 +13,7 @@ from rocksdict import Options, Rdict
 
 from dedup_worker.ids import id_key
 from dedup_worker.store import (
+    PARALLEL_LOOKUP_MIN,
     MiB,
     Store,
     StoreConfig,
@@ -111,6 +112,8 @@ def test_config_validation() -> None:
         StoreConfig(block_cache_bytes=1000)
     with pytest.raises(ValueError, match="write buffers"):
         StoreConfig(max_write_buffers=1)
+    with pytest.raises(ValueError, match="lookup threads"):
+        StoreConfig(lookup_threads=0)
 
 
 # --- offsets --------------------------------------------------------------------------------
@@ -166,6 +169,27 @@ def test_contains_many_across_generations(store: Store) -> None:
         True,
         True,
     ]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_batches_are_shared_by_the_lookup_threads(path: Path, threads: int) -> None:
+    """Above PARALLEL_LOOKUP_MIN keys the batch is split; answers keep the input order."""
+    config = StoreConfig(block_cache_bytes=8 * MiB, write_buffer_bytes=MiB, lookup_threads=threads)
+    window = WindowPolicy(max_keys=40_000)
+    with Store.open(path, OWNER, window, config) as store:
+        for start in range(0, 30_000, 3_000):  # several generations, some flushed
+            store.record_batch(
+                keys(start, start + 3_000), start, input_next_offset=None, output_next_offset=None
+            )
+        query = [
+            key for n in range(0, 2 * PARALLEL_LOOKUP_MIN + 7) for key in keys(n * 29, n * 29 + 1)
+        ]
+        expected = [n * 29 < 30_000 for n in range(len(query))]
+        assert store.contains_many(query) == expected
+        # The absent ones are remembered across the slices: recording them adds exactly them.
+        store.record_batch(query, 50_000, input_next_offset=None, output_next_offset=None)
+        assert store.key_count == 30_000 + expected.count(False)
+        assert all(store.contains_many(query))
 
 
 def test_record_batch_skips_repeats_and_present_ids(store: Store) -> None:

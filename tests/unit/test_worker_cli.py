@@ -74,6 +74,15 @@ def test_bad_number_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--batch-size must be a whole number" in capsys.readouterr().err
 
 
+def test_lookup_threads_reach_the_store_and_are_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args([*BASE, "--lookup-threads", "1"])
+    assert config_from_args(args).store.lookup_threads == 1
+    assert main([*BASE, "--lookup-threads", "0"]) == EXIT_CONFIG
+    assert "lookup threads must be 1..64, not 0" in capsys.readouterr().err
+
+
 def test_arguments_reproduce_the_config() -> None:
     cfg = config_from_args(
         build_parser().parse_args(
@@ -91,6 +100,8 @@ def test_arguments_reproduce_the_config() -> None:
                 "x-id",
                 "--block-cache-mb",
                 "128",
+                "--lookup-threads",
+                "3",
                 "--metrics-port",
                 "9500",
                 "--kafka-config",

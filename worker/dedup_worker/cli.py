@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt("batch-size", "records per transaction at most", default="5000")
     opt("linger-ms", "wait at most this long to fill a batch", default="20")
     opt("block-cache-mb", "RocksDB block cache", default="64")
+    opt(
+        "lookup-threads",
+        "threads sharing each batch's store lookups; match the CPUs the worker may use",
+        default=str(StoreConfig().lookup_threads),
+    )
     opt("metrics-port", "port for /metrics, /healthz, /readyz (0 = off)", default="9400")
     opt(
         "kafka-config",
@@ -140,7 +145,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         batch_size=_int(args.batch_size, "batch-size"),
         linger_ms=_int(args.linger_ms, "linger-ms"),
         store=StoreConfig(
-            block_cache_bytes=_int(args.block_cache_mb, "block-cache-mb") * 1024 * 1024
+            block_cache_bytes=_int(args.block_cache_mb, "block-cache-mb") * MiB,
+            lookup_threads=_int(args.lookup_threads, "lookup-threads"),
         ),
         kafka_settings=kafka_settings,
         metrics_port=metrics_port or None,
@@ -164,6 +170,7 @@ def arguments(config: WorkerConfig) -> list[str]:
         "--batch-size", str(config.batch_size),
         "--linger-ms", str(config.linger_ms),
         "--block-cache-mb", str(config.store.block_cache_bytes // MiB),
+        "--lookup-threads", str(config.store.lookup_threads),
         "--metrics-port", str(config.metrics_port or 0),
     ]  # fmt: skip
     if config.dead_letter_topic:
