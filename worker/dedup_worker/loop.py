@@ -93,7 +93,7 @@ class _Batch:
 
     @property
     def newest_ms(self) -> int:
-        return max(int(r.timestamp()[1]) for r in self.records)
+        return self.split.newest_ms
 
     @property
     def dead_letters(self) -> list[DeadLetter]:
@@ -301,7 +301,9 @@ class DedupWorker:
         self._now_ms = max(self._now_ms, batch.newest_ms)
         self.store.record_batch(
             [c.key for c in batch.new],
-            max((c.record.timestamp()[1] for c in batch.new), default=self._now_ms),
+            # The batch's newest timestamp, not its new records' newest: an id may be kept
+            # a little longer than its own timestamp says, never shorter.
+            self._now_ms,
             input_next_offset=batch.next_input,
             output_next_offset=batch.last_output_offset + 1 if batch.new else None,
             # distinct (triage), not in the store at lookup, not in the batch before
