@@ -24,7 +24,7 @@ setup-kube:
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/worker_throughput.py
+	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/worker_throughput.py bench/restart.py
 
 test: setup lint
 	@bash scripts/test.sh
