@@ -39,7 +39,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 bench: setup
-	@$(PY) bench/store.py && $(PY) bench/worker_throughput.py
+	@$(PY) bench/store.py && $(PY) bench/worker_throughput.py && $(PY) bench/restart.py
 
 clean-cache:
 	rm -rf "$(DEDUP_CACHE)"
