@@ -271,9 +271,10 @@ class Store:
         """Whether each key is in the window, in order.
 
         Batches of at least ``PARALLEL_LOOKUP_MIN`` keys are split into
-        ``StoreConfig.lookup_threads`` slices looked up at once (this thread takes one): rocksdict's multi-get
-        releases the GIL while RocksDB reads, so the slices use every core the worker
-        has (measured at 10M ids, 50% hits: 236k/s on one thread, 364k/s on two).
+        ``StoreConfig.lookup_threads`` slices looked up at once (this thread takes one):
+        rocksdict's multi-get releases the GIL while RocksDB reads, so the slices use
+        every core the worker has (measured at 10M ids, 50% hits: 236k/s on one thread,
+        364k/s on two).
         Smaller batches, and stores with one lookup thread, are looked up inline.
         """
         self._open_db()
