@@ -40,7 +40,7 @@ from confluent_kafka import Consumer, TopicPartition
 from worker_throughput import fill, warm_group_coordinator, workload
 
 from dedup_local.kafka import KafkaBroker
-from dedup_worker.cli import arguments
+from dedup_local.worker import start_worker
 from dedup_worker.config import WorkerConfig
 from dedup_worker.faults import ENV as FAULTS_ENV
 from dedup_worker.ids import id_key
@@ -107,10 +107,7 @@ class CommitWatch:
 
 
 def start(cfg: WorkerConfig, log: Path, faults: str = "") -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "dedup_worker.cli", *arguments(cfg)]
-    env = {**os.environ, FAULTS_ENV: faults}
-    with log.open("ab") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return start_worker(cfg, log, env={FAULTS_ENV: faults})
 
 
 def measure(

@@ -16,7 +16,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from confluent_kafka import Message, Producer
 from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.kube import ControlPlane
 from dedup_local.paths import REPO_ROOT
-from dedup_worker.cli import arguments
+from dedup_local.worker import start_worker
 from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER, partition_for
 from dedup_worker.loop import DLQ_REASON
@@ -105,8 +104,7 @@ def worker(bootstrap: str, partition: int, state: Path, log: Path) -> subprocess
         store_path=state / f"events-p{partition}",
         window=WindowPolicy(duration_ms=parse_duration_ms("672h")),
     )
-    argv = [sys.executable, "-m", "dedup_worker.cli", *arguments(config)]
-    return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    return start_worker(config, log)
 
 
 def header(msg: Message, name: str) -> str:

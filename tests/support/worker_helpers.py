@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -17,7 +16,7 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from dedup_local import kafka
-from dedup_worker.cli import arguments
+from dedup_local import worker as local_worker
 from dedup_worker.config import WorkerConfig
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DedupWorker
@@ -116,23 +115,8 @@ def payload_ids(messages: Iterable[Message]) -> list[str]:
     return [json.loads(m.value())["messageId"] for m in messages]
 
 
-def worker_command(cfg: WorkerConfig, metrics_port: int = 0) -> list[str]:
-    """The `dedup-worker` command line for a config (subprocess tests)."""
-    return [
-        sys.executable,
-        "-m",
-        "dedup_worker.cli",
-        *arguments(replace(cfg, metrics_port=metrics_port)),
-    ]
-
-
 def start_worker(
     cfg: WorkerConfig, log_path: Path, metrics_port: int = 0, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        worker_command(cfg, metrics_port),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
+    """A worker process for `cfg`, metrics off unless a port is given."""
+    return local_worker.start_worker(replace(cfg, metrics_port=metrics_port), log_path, env)

@@ -77,7 +77,7 @@ class Triage:
     firsts: list[Candidate]
     repeats: int
     dead_letters: list[DeadLetter]
-    newest_ms: int = 0
+    newest_ms: int
 
 
 def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
