@@ -1,0 +1,101 @@
+"""Views of the API objects a failover decision reads, from their JSON form.
+
+Pure conversions from the objects as the API server serves them (camelCase dicts: kopf
+bodies, `ApiClient.sanitize_for_serialization(...)`, or raw watch events) to the small
+frozen views of `dedup_operator.failover`. Missing fields read as the API's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dedup_operator.failover import (
+    OUT_OF_SERVICE_TAINT,
+    AttachmentView,
+    LeaseView,
+    NodeView,
+    PodView,
+)
+
+Obj = Mapping[str, Any]
+
+
+def parse_time(value: object) -> datetime | None:
+    """RFC 3339 (metav1.Time / MicroTime) or a datetime, as an aware UTC datetime."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
+
+
+def format_micro_time(t: datetime) -> str:
+    """A Lease's MicroTime: RFC 3339 with microseconds, in UTC."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _meta(obj: Obj) -> Obj:
+    return obj.get("metadata") or {}
+
+
+def node_view(node: Obj) -> NodeView:
+    status = node.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    taints = (node.get("spec") or {}).get("taints") or []
+    return NodeView(
+        name=str(_meta(node)["name"]),
+        ready=str(ready.get("status", "Unknown")) if ready else "Unknown",
+        ready_since=parse_time(ready.get("lastTransitionTime")) if ready else None,
+        out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
+    )
+
+
+def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> PodView:
+    """`epoch` comes from the pod's label (the operator's naming rule owns the key)."""
+    meta = _meta(pod)
+    status = pod.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    annotations = meta.get("annotations") or {}
+    return PodView(
+        name=str(meta["name"]),
+        epoch=epoch,
+        node=(pod.get("spec") or {}).get("nodeName") or None,
+        phase=str(status.get("phase") or "Pending"),
+        ready=bool(ready and ready.get("status") == "True"),
+        deleting=meta.get("deletionTimestamp") is not None,
+        spec_hash=annotations.get(spec_hash_annotation) if spec_hash_annotation else None,
+    )
+
+
+def lease_view(lease: Obj) -> LeaseView:
+    spec = lease.get("spec") or {}
+    return LeaseView(
+        holder=spec.get("holderIdentity") or None,
+        epoch=int(spec.get("leaseTransitions") or 0),
+        renew_time=parse_time(spec.get("renewTime")),
+        duration=timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0)),
+    )
+
+
+def attachment_view(va: Obj) -> AttachmentView:
+    spec = va.get("spec") or {}
+    return AttachmentView(
+        name=str(_meta(va)["name"]),
+        node=str(spec.get("nodeName", "")),
+        attached=bool((va.get("status") or {}).get("attached")),
+    )
+
+
+def attachments_of(
+    volume_attachments: Iterable[Obj], pv_name: str | None
+) -> tuple[AttachmentView, ...]:
+    """The VolumeAttachments of one PersistentVolume (none while the claim is unbound)."""
+    if not pv_name:
+        return ()
+    return tuple(
+        attachment_view(va)
+        for va in volume_attachments
+        if ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName") == pv_name
+    )
