@@ -59,7 +59,7 @@ def pipeline(name: str, **spec_changes: Any) -> dict[str, Any]:
                 "keep": 4,
             },
         },
-        "failover": {"leaseDuration": "15s", "useOutOfServiceTaint": False},
+        "failover": {"leaseDuration": "15s", "releaseVolume": "OutOfServiceTaint"},
         "reconciliation": {
             "schedule": "0 3 * * *",
             "lookback": "24h",
@@ -201,7 +201,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"kafka__inputTopic": "events/raw"},
         "spec.kafka.inputTopic in body should match",
     ),
-    ("bad-size", {"storage__size": "lots"}, "spec.storage.size in body should match"),
+    (
+        "bad-size",
+        {"storage__size": "lots"},
+        "storage.size must be a positive quantity such as 100Gi",
+    ),
 ]
 
 
