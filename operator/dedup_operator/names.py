@@ -1,0 +1,113 @@
+"""The one place for the names and label keys of everything the operator creates.
+
+Per partition N of pipeline P: PVC `P-pN`, Lease `P-pN`, worker Pod `P-pN-e<epoch>`.
+Per pipeline: ServiceAccount/Role/RoleBinding `P-worker`, headless Service `P-workers`,
+PodDisruptionBudget `P-workers`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+GROUP: Final = "dedup.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "DedupPipeline"
+PLURAL: Final = "deduppipelines"
+
+# label keys
+LABEL_PIPELINE: Final = "dedup.io/pipeline"
+LABEL_PARTITION: Final = "dedup.io/partition"
+LABEL_EPOCH: Final = "dedup.io/epoch"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+MANAGER: Final = "dedup-operator"
+COMPONENT_WORKER: Final = "worker"
+
+# annotations
+ANNOTATION_SPEC_HASH: Final = "dedup.io/spec-hash"
+
+# finalizer of a pipeline that keeps its volumes (retainOnDelete: true)
+FINALIZER_RETAIN_VOLUMES: Final = "dedup.io/retain-volumes"
+
+# the worker container
+CONTAINER: Final = "worker"
+METRICS_PORT: Final = 9400
+METRICS_PORT_NAME: Final = "metrics"
+STORE_VOLUME: Final = "store"
+STORE_MOUNT: Final = "/var/lib/dedup"
+STORE_PATH: Final = f"{STORE_MOUNT}/store"
+TMP_VOLUME: Final = "tmp"
+WORKER_COMMAND: Final = "dedup-worker"
+RUN_AS_USER: Final = 65532
+
+
+def volume_claim(pipeline: str, partition: int) -> str:
+    return f"{pipeline}-p{partition}"
+
+
+def lease(pipeline: str, partition: int) -> str:
+    return f"{pipeline}-p{partition}"
+
+
+def worker_pod(pipeline: str, partition: int, epoch: int) -> str:
+    return f"{pipeline}-p{partition}-e{epoch}"
+
+
+def service_account(pipeline: str) -> str:
+    return f"{pipeline}-worker"
+
+
+def role(pipeline: str) -> str:
+    return f"{pipeline}-worker"
+
+
+def metrics_service(pipeline: str) -> str:
+    return f"{pipeline}-workers"
+
+
+def disruption_budget(pipeline: str) -> str:
+    return f"{pipeline}-workers"
+
+
+_POD = re.compile(r"^(?P<pipeline>.+)-p(?P<partition>[0-9]+)-e(?P<epoch>[0-9]+)$")
+
+
+def parse_worker_pod(name: str) -> tuple[str, int, int] | None:
+    """(pipeline, partition, epoch) of a worker pod's name, or None."""
+    match = _POD.match(name)
+    if not match:
+        return None
+    return match["pipeline"], int(match["partition"]), int(match["epoch"])
+
+
+def pipeline_labels(pipeline: str) -> dict[str, str]:
+    """Labels of everything a pipeline owns."""
+    return {
+        LABEL_PIPELINE: pipeline,
+        LABEL_NAME: "dedup-worker",
+        LABEL_INSTANCE: pipeline,
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_PART_OF: "dedup-operator",
+    }
+
+
+def worker_selector(pipeline: str) -> dict[str, str]:
+    """The selector of a pipeline's worker pods (Service, PDB, anti-affinity)."""
+    return {LABEL_PIPELINE: pipeline, LABEL_COMPONENT: COMPONENT_WORKER}
+
+
+def partition_labels(pipeline: str, partition: int) -> dict[str, str]:
+    return {**pipeline_labels(pipeline), LABEL_PARTITION: str(partition)}
+
+
+def worker_labels(pipeline: str, partition: int, epoch: int) -> dict[str, str]:
+    return {
+        **partition_labels(pipeline, partition),
+        LABEL_COMPONENT: COMPONENT_WORKER,
+        LABEL_EPOCH: str(epoch),
+    }
