@@ -1,15 +1,184 @@
-"""`dedup-operator` entry point (the reconciler lands with the operator issue)."""
+"""`dedup-operator`: run the DedupPipeline operator (kopf) against a cluster.
 
+Exit codes: 0 stopped by SIGTERM/SIGINT; 1 unexpected failure (one log line says what);
+2 bad command line; 3 the cluster cannot be used (unreachable, not authorized, or the
+DedupPipeline CRD is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
 import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CLUSTER = 3
+
+log = logging.getLogger("dedup_operator")
 
 
-def main(argv: list[str] | None = None) -> int:
-    print(
-        "dedup-operator: the operator is not implemented yet; "
-        "see the project's issues. Nothing was started.",
-        file=sys.stderr,
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dedup-operator",
+        description=(
+            "Reconcile DedupPipeline resources into one worker pod per input partition, "
+            "each with its own volume and Lease, and move a partition to another node "
+            "when its node is lost."
+        ),
+        epilog=(
+            "Exit codes: 0 stopped by a signal, 1 unexpected failure, 2 bad command line, "
+            "3 cluster unusable (unreachable, forbidden, or CRD not installed)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    return 2
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable; default: every namespace)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster, then ~/.kube/config)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        help="seconds between reconcile passes of each pipeline",
+    )
+    p.add_argument(
+        "--topic-check-interval",
+        type=float,
+        default=30.0,
+        help="seconds between checks of the input topic",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=8080, help="port of the operator's /metrics (0 = off)"
+    )
+    p.add_argument(
+        "--metrics-address", default="0.0.0.0", help="address of the operator's /metrics"
+    )
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING"], default="INFO")
+    return p
+
+
+def _preflight(kubeconfig: str | None, namespaces: Sequence[str]) -> tuple[object, str | None]:
+    """An API client, after checking the cluster answers and serves DedupPipelines.
+    Returns (api client, error message)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from dedup_operator import names
+    from dedup_operator.kube import api_client
+
+    try:
+        api = api_client(kubeconfig)
+    except (ConfigException, OSError) as exc:
+        return None, f"no usable cluster configuration: {exc}"
+    custom = client.CustomObjectsApi(api)
+    try:
+        if namespaces:
+            for ns in namespaces:
+                custom.list_namespaced_custom_object(
+                    names.GROUP, names.VERSION, ns, names.PLURAL, limit=1
+                )
+        else:
+            custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, limit=1)
+    except ApiException as exc:
+        if exc.status == 404:
+            return api, (
+                "the DedupPipeline CRD is not installed: "
+                "kubectl apply -f crds/dedup.io_dedupPipelines.yaml"
+            )
+        if exc.status in (401, 403):
+            return api, f"not allowed to list deduppipelines ({exc.status} {exc.reason})"
+        return api, f"the API server refused: {exc.status} {exc.reason}"
+    except (HTTPError, OSError) as exc:
+        return api, f"cannot reach the API server: {exc}"
+    return api, None
+
+
+def _configure_logging(fmt: str, level: str) -> None:
+    import kopf
+
+    kopf.configure(
+        verbose=level == "DEBUG",
+        quiet=level == "WARNING",
+        log_format=kopf.LogFormat.JSON if fmt == "json" else kopf.LogFormat.FULL,
+        log_refkey="object",
+    )
+    logging.getLogger().setLevel(level)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.interval <= 0 or args.topic_check_interval <= 0:
+        print(
+            "dedup-operator: --interval and --topic-check-interval must be positive",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    _configure_logging(args.log_format, args.log_level)
+    if args.kubeconfig:
+        if not os.path.exists(args.kubeconfig):
+            log.error("kubeconfig %s does not exist", args.kubeconfig)
+            return EXIT_CLUSTER
+        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it
+
+    import kopf
+
+    from dedup_operator import handlers
+    from dedup_operator.kube import Kube
+    from dedup_operator.reconcile import ReconcileSettings
+
+    namespaces: list[str] = list(args.namespace)
+    api, problem = _preflight(args.kubeconfig, namespaces if not args.all_namespaces else [])
+    if problem:
+        log.error("dedup-operator cannot start: %s", problem)
+        return EXIT_CLUSTER
+    handlers.RUNTIME.kube = Kube(api)  # type: ignore[arg-type]
+    handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
+    handlers.RUNTIME.settings = ReconcileSettings(
+        interval_s=args.interval, topic_check_s=args.topic_check_interval
+    )
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, args.metrics_address)
+    clusterwide = args.all_namespaces or not namespaces
+    log.info(
+        "dedup-operator starting",
+        extra={
+            "namespaces": "*" if clusterwide else ",".join(namespaces),
+            "interval_s": args.interval,
+            "metrics_port": args.metrics_port,
+        },
+    )
+    try:
+        kopf.run(
+            clusterwide=clusterwide,
+            namespaces=[] if clusterwide else namespaces,
+            standalone=True,
+        )
+    except Exception as exc:
+        log.error("dedup-operator failed: %s: %s", type(exc).__name__, exc)
+        return EXIT_FAILED
+    log.info("dedup-operator stopped")
+    return EXIT_OK
 
 
 if __name__ == "__main__":

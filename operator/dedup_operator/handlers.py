@@ -1,0 +1,142 @@
+"""kopf handlers: thin; every one of them runs the same idempotent `reconcile` pass.
+
+- create / resume / update (spec): a pass at once;
+- a resync thread: a pass over every watched pipeline each `--interval` seconds
+  (failover is level-based: lost nodes, expired Leases and detached volumes are noticed
+  by looking). Not a kopf daemon or timer: those put a finalizer on every pipeline;
+- delete: only for pipelines that keep their volumes (`storage.retainOnDelete`, the
+  default) — the one case where deletion needs the operator: the PVCs lose their owner
+  reference before the garbage collector runs, so only they survive. Without it there is
+  no finalizer; owner references cascade.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from dedup_operator import names
+from dedup_operator.kube import Kube
+from dedup_operator.reconcile import ReconcileSettings, Recorder, forget, reconcile
+
+log = logging.getLogger("dedup_operator")
+
+
+@dataclass
+class Runtime:
+    """Set by the CLI before kopf starts."""
+
+    kube: Kube | None = None
+    settings: ReconcileSettings = field(default_factory=ReconcileSettings)
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+RUNTIME = Runtime()
+
+
+def _kube() -> Kube:
+    if RUNTIME.kube is None:
+        raise kopf.PermanentError("no API client configured (start it with dedup-operator)")
+    return RUNTIME.kube
+
+
+def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
+    """Each decision as an Event on the pipeline and a log line."""
+    meta = body["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+
+    def record(type_: str, reason: str, message: str) -> None:
+        kube.event(body, type_, reason, message)
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        log.log(level, "%s: %s", reason, message, extra={"pipeline": where, "reason": reason})
+
+    return record
+
+
+def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
+    # Read afresh: the status the previous pass wrote (handover records) must be seen
+    # even if a watch has not delivered it yet.
+    body = kube.pipeline(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    reconcile(kube, body, recorder(kube, body), RUNTIME.settings)
+
+
+def resync_forever() -> None:
+    """A pass over every pipeline each interval, until RUNTIME.stop is set."""
+    kube = _kube()
+    while not RUNTIME.stop.wait(RUNTIME.settings.interval_s):
+        try:
+            pipelines = kube.pipelines(RUNTIME.namespaces)
+        except Exception as exc:
+            log.error("cannot list pipelines: %s", exc)
+            continue
+        for body in pipelines:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            try:
+                reconcile(kube, body, recorder(kube, body), RUNTIME.settings)
+            except Exception as exc:  # one bad pass must not stop the loop
+                log.exception("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The kubeconfig the CLI was given (KUBECONFIG), else the pod's service account."""
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(settings=settings, **kwargs)
+    return kopf.login_with_service_account(settings=settings, **kwargs)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # kopf's bookkeeping goes in annotations: the status schema is ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="dedup.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="dedup.io", key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = names.FINALIZER_RETAIN_VOLUMES
+    settings.posting.enabled = False  # our Events are posted by `recorder`
+    settings.watching.server_timeout = 60
+    settings.networking.request_timeout = 30
+    RUNTIME.stop.clear()
+    threading.Thread(target=resync_forever, name="resync", daemon=True).start()
+
+
+@kopf.on.cleanup()
+def stop_resync(**_: Any) -> None:
+    RUNTIME.stop.set()
+
+
+@kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL)
+@kopf.on.create(names.GROUP, names.VERSION, names.PLURAL)
+@kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, field="spec")
+def on_change(name: str, namespace: str | None, **_: Any) -> None:
+    assert namespace is not None  # DedupPipelines are namespaced
+    reconcile_one(_kube(), namespace, name)
+
+
+def _retains_volumes(spec: Mapping[str, Any], **_: Any) -> bool:
+    return bool((spec.get("storage") or {}).get("retainOnDelete", True))
+
+
+@kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, when=_retains_volumes)  # type: ignore[arg-type]
+def keep_volumes(body: kopf.Body, name: str, namespace: str, uid: str, **_: Any) -> None:
+    kube = _kube()
+    kept = kube.release_volume_claims(namespace, name)
+    forget(namespace, name, uid)
+    if kept:
+        kube.event(
+            body,
+            "Normal",
+            "VolumesRetained",
+            f"kept {', '.join(sorted(kept))} (storage.retainOnDelete)",
+        )

@@ -1,0 +1,350 @@
+"""The operator's API calls: the thin shell around the Kubernetes API, Kafka's admin API
+and the workers' metrics endpoints. Objects go in and come out as JSON dicts (the API's
+camelCase form), which is what the pure modules (desired/, observed, failover) use."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from dedup_operator import names
+from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+
+log = logging.getLogger("dedup_operator.kube")
+
+Obj = dict[str, Any]
+
+
+def api_client(kubeconfig: str | None = None) -> ApiClient:
+    """Admin client from a kubeconfig, or the pod's service account in a cluster."""
+    if kubeconfig:
+        made: ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return made
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return ApiClient()
+
+
+def _absent(exc: ApiException) -> bool:
+    return bool(exc.status == 404)
+
+
+class Kube:
+    """Synchronous calls, one ApiClient (kopf runs sync handlers in threads)."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.storage = client.StorageV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.dynamic_kinds: dict[str, Any] = {}
+
+    def _json(self, obj: Any) -> Obj:
+        data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        assert isinstance(data, dict)
+        return data
+
+    # ------------------------------------------------------------------ generic
+    def ensure(self, body: Mapping[str, Any]) -> bool:
+        """Create `body` unless an object of that name exists; True if created. Kinds
+        the operator keeps in step with the spec are updated by their own methods."""
+        kind, ns, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
+        create, read = self._create_read(kind)
+        try:
+            read(name, ns)
+            return False
+        except ApiException as exc:
+            if not _absent(exc):
+                raise
+        try:
+            create(ns, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        log.info("created %s %s/%s", kind, ns, name)
+        return True
+
+    def _create_read(self, kind: str) -> tuple[Any, Any]:
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        policy = client.PolicyV1Api(self.api)
+        table = {
+            "ServiceAccount": (
+                self.core.create_namespaced_service_account,
+                self.core.read_namespaced_service_account,
+            ),
+            "Role": (rbac.create_namespaced_role, rbac.read_namespaced_role),
+            "RoleBinding": (rbac.create_namespaced_role_binding, rbac.read_namespaced_role_binding),
+            "Service": (self.core.create_namespaced_service, self.core.read_namespaced_service),
+            "PodDisruptionBudget": (
+                policy.create_namespaced_pod_disruption_budget,
+                policy.read_namespaced_pod_disruption_budget,
+            ),
+            "PersistentVolumeClaim": (
+                self.core.create_namespaced_persistent_volume_claim,
+                self.core.read_namespaced_persistent_volume_claim,
+            ),
+            "Lease": (
+                self.coordination.create_namespaced_lease,
+                self.coordination.read_namespaced_lease,
+            ),
+            "Pod": (self.core.create_namespaced_pod, self.core.read_namespaced_pod),
+        }
+        return table[kind]
+
+    def replace_role_rules(self, body: Mapping[str, Any]) -> None:
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        meta = body["metadata"]
+        rbac.patch_namespaced_role(meta["name"], meta["namespace"], {"rules": body["rules"]})
+
+    def create_pod(self, body: Mapping[str, Any]) -> bool:
+        meta = body["metadata"]
+        try:
+            self.core.create_namespaced_pod(meta["namespace"], body)  # type: ignore[arg-type]
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        log.info("created pod %s/%s", meta["namespace"], meta["name"])
+        return True
+
+    # ----------------------------------------------------------------- observe
+    def pods(self, namespace: str, pipeline: str) -> list[Obj]:
+        selector = (
+            f"{names.LABEL_PIPELINE}={pipeline},{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
+        )
+        found = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return [self._json(p) for p in found.items]
+
+    def leases(self, namespace: str, pipeline: str) -> dict[str, Obj]:
+        found = self.coordination.list_namespaced_lease(
+            namespace, label_selector=f"{names.LABEL_PIPELINE}={pipeline}"
+        )
+        return {o["metadata"]["name"]: o for o in (self._json(lease) for lease in found.items)}
+
+    def volume_claims(self, namespace: str, pipeline: str) -> dict[str, Obj]:
+        found = self.core.list_namespaced_persistent_volume_claim(
+            namespace, label_selector=f"{names.LABEL_PIPELINE}={pipeline}"
+        )
+        return {o["metadata"]["name"]: o for o in (self._json(pvc) for pvc in found.items)}
+
+    def nodes(self) -> list[Obj]:
+        return [self._json(n) for n in self.core.list_node().items]
+
+    def volume_attachments(self) -> list[Obj]:
+        return [self._json(va) for va in self.storage.list_volume_attachment().items]
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        import base64
+
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if _absent(exc):
+                return None
+            raise
+        raw = (secret.data or {}).get(key)
+        return base64.b64decode(raw).decode() if raw is not None else None
+
+    # ------------------------------------------------------------------- act
+    def delete_pod(self, namespace: str, name: str, force: bool) -> None:
+        body = client.V1DeleteOptions(grace_period_seconds=0) if force else None
+        try:
+            self.core.delete_namespaced_pod(
+                name, namespace, body=body, grace_period_seconds=0 if force else None
+            )
+        except ApiException as exc:
+            if not _absent(exc):
+                raise
+
+    def _node_taints(self, node: str) -> tuple[str, list[Obj]]:
+        current = self._json(self.core.read_node(node))
+        taints = list((current.get("spec") or {}).get("taints") or [])
+        return str(current["metadata"]["resourceVersion"]), taints
+
+    def _set_taints(self, node: str, version: str, taints: list[Obj]) -> None:
+        # resourceVersion makes it a compare-and-set: no one else's taint is lost
+        self.core.patch_node(
+            node, {"metadata": {"resourceVersion": version}, "spec": {"taints": taints}}
+        )
+
+    def taint_out_of_service(self, node: str) -> None:
+        version, taints = self._node_taints(node)
+        if any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints):
+            return
+        taints.append({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"})
+        self._set_taints(node, version, taints)
+
+    def remove_out_of_service(self, node: str) -> None:
+        version, taints = self._node_taints(node)
+        kept = [t for t in taints if t.get("key") != OUT_OF_SERVICE_TAINT]
+        if len(kept) != len(taints):
+            self._set_taints(node, version, kept)
+
+    def release_volume_claims(self, namespace: str, pipeline: str) -> list[str]:
+        """Remove the pipeline's owner reference from its PVCs, so deleting the pipeline
+        keeps them (retainOnDelete)."""
+        kept = []
+        for name, pvc in self.volume_claims(namespace, pipeline).items():
+            refs = pvc["metadata"].get("ownerReferences") or []
+            others = [r for r in refs if r.get("kind") != names.KIND]
+            if len(others) != len(refs):
+                self.core.patch_namespaced_persistent_volume_claim(
+                    name,
+                    namespace,
+                    [{"op": "replace", "path": "/metadata/ownerReferences", "value": others}],
+                )
+            kept.append(name)
+        return kept
+
+    def resize_volume_claim(self, namespace: str, name: str, size: str) -> None:
+        self.core.patch_namespaced_persistent_volume_claim(
+            name, namespace, {"spec": {"resources": {"requests": {"storage": size}}}}
+        )
+
+    def pipeline(self, namespace: str, name: str) -> Obj | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                names.GROUP, names.VERSION, namespace, names.PLURAL, name
+            )
+        except ApiException as exc:
+            if _absent(exc):
+                return None
+            raise
+        assert isinstance(found, dict)
+        return found
+
+    def pipelines(self, namespaces: Sequence[str]) -> list[Obj]:
+        """Every DedupPipeline in `namespaces` (all namespaces if empty)."""
+        if not namespaces:
+            found: Any = self.custom.list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL
+            )
+            return list(found.get("items") or [])
+        items: list[Obj] = []
+        for ns in namespaces:
+            in_ns: Any = self.custom.list_namespaced_custom_object(
+                names.GROUP, names.VERSION, ns, names.PLURAL
+            )
+            items += in_ns.get("items") or []
+        return items
+
+    def event(self, pipeline: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about the pipeline (what `kubectl describe dp` shows)."""
+        meta = pipeline["metadata"]
+        now = datetime.now(UTC)
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": names.API_VERSION,
+                "kind": names.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": names.MANAGER},
+            "reportingComponent": names.MANAGER,
+            "reportingInstance": socket.gethostname(),
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)  # type: ignore[arg-type]
+        except ApiException as exc:  # an Event is worth a log line, not a failed pass
+            log.warning("could not post event %s: %s", reason, exc.reason)
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            names.GROUP,
+            names.VERSION,
+            namespace,
+            names.PLURAL,
+            name,
+            {"status": dict(status)},
+            _content_type="application/merge-patch+json",
+        )
+
+
+# ------------------------------------------------------------------------- Kafka
+@dataclass(frozen=True)
+class TopicCheck:
+    """What the operator found out about the input topic."""
+
+    ok: bool
+    reason: str
+    message: str
+    partitions: int | None = None
+
+
+def check_input_topic(
+    bootstrap: str, settings: Mapping[str, str], topic: str, expected: int, timeout_s: float = 5.0
+) -> TopicCheck:
+    """Does the input topic exist with `expected` partitions (spec.partitions)?"""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **settings})
+    try:
+        meta = admin.list_topics(topic=topic, timeout=timeout_s)
+    except KafkaException as exc:
+        return TopicCheck(False, "KafkaUnreachable", f"cannot read metadata of {topic}: {exc}")
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        why = f" ({info.error})" if info is not None and info.error is not None else ""
+        return TopicCheck(False, "TopicMissing", f"input topic {topic} does not exist{why}")
+    count = len(info.partitions)
+    if count != expected:
+        return TopicCheck(
+            False,
+            "PartitionCountMismatch",
+            f"input topic {topic} has {count} partitions, spec.partitions is {expected}",
+            count,
+        )
+    return TopicCheck(True, "TopicFound", f"input topic {topic} has {count} partitions", count)
+
+
+def parse_kafka_settings(text: str | None) -> dict[str, str]:
+    """`key=value[,key=value]` (the worker's --kafka-config form) as a dict."""
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, _, value = item.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# ------------------------------------------------------------------------ metrics
+def scrape(pod_ip: str, port: int = names.METRICS_PORT, timeout_s: float = 1.0) -> str | None:
+    """A worker's /metrics text, or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{pod_ip}:{port}/metrics", timeout=timeout_s) as r:
+            body: bytes = r.read()
+            return body.decode()
+    except OSError:
+        return None
+
+
+def worker_counters(text: str, wanted: Sequence[str]) -> dict[str, float]:
+    """Sum of each wanted sample name (e.g. dedup_duplicates_total) in a /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(wanted, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += float(sample.value)
+    return totals

@@ -1,0 +1,42 @@
+"""The operator's own Prometheus metrics (served by `dedup-operator --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter(
+    "dedup_operator_reconciles",
+    "Reconcile passes over a pipeline, by result (ok, invalid_spec, error)",
+    ("namespace", "pipeline", "result"),
+)
+RECONCILE_SECONDS = Histogram(
+    "dedup_operator_reconcile_seconds",
+    "Duration of one reconcile pass",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+FAILOVERS_STARTED = Counter(
+    "dedup_operator_failovers_started",
+    "Partition handovers begun, by reason (NodeLost, PodFailed, PodGone, SpecChanged)",
+    ("namespace", "pipeline", "reason"),
+)
+FAILOVERS = Counter(
+    "dedup_operator_failovers",
+    "Partition handovers completed, by reason",
+    ("namespace", "pipeline", "reason"),
+)
+FAILOVER_SECONDS = Histogram(
+    "dedup_operator_failover_seconds",
+    "Time from the handover decision to the replacement being Ready",
+    ("reason",),
+    buckets=(1, 2.5, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600),
+)
+FAILOVER_STEP_SECONDS = Gauge(
+    "dedup_operator_failover_step_seconds",
+    "Seconds after the decision at which each step of the last handover completed",
+    ("namespace", "pipeline", "partition", "step"),
+)
+PARTITIONS_NOT_RUNNING = Gauge(
+    "dedup_operator_partitions_not_running",
+    "Partitions whose worker is not Running and Ready",
+    ("namespace", "pipeline"),
+)

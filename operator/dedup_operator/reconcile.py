@@ -1,0 +1,491 @@
+"""One level-based reconcile pass over a DedupPipeline.
+
+Reads what the cluster holds, decides per partition with `failover.partition_action`,
+persists the handover records into status *before* acting, carries out each action,
+and writes the status (with counters scraped from the workers' /metrics). Running it
+twice changes nothing; an operator killed anywhere resumes from the cluster's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dedup_operator import metrics, names
+from dedup_operator.desired import partition as desired_partition
+from dedup_operator.desired.owner import Owner
+from dedup_operator.desired.pipeline import pipeline_objects, role
+from dedup_operator.failover import (
+    BeginHandover,
+    CancelHandover,
+    CompleteHandover,
+    CreateLease,
+    CreatePod,
+    Decision,
+    DeletePods,
+    Handover,
+    HandoverReason,
+    PartitionObservation,
+    PodView,
+    Steady,
+    TaintOutOfService,
+    partition_action,
+    remove_out_of_service_taint,
+)
+from dedup_operator.kube import (
+    Kube,
+    TopicCheck,
+    check_input_topic,
+    parse_kafka_settings,
+    scrape,
+    worker_counters,
+)
+from dedup_operator.observed import attachments_of, lease_view, node_view, pod_view
+from dedup_operator.spec import PipelineSpec, SpecError, quantity
+from dedup_operator.status import (
+    Condition,
+    PartitionStatus,
+    merge_conditions,
+    phase_of,
+    rfc3339,
+    summary_conditions,
+)
+
+log = logging.getLogger("dedup_operator.reconcile")
+
+# (type "Normal"|"Warning", reason, message) -> an Event on the pipeline
+Recorder = Callable[[str, str, str], None]
+
+
+@dataclass
+class ReconcileSettings:
+    interval_s: float = 5.0
+    topic_check_s: float = 30.0  # how often the input topic is re-checked
+    ensure_s: float = 30.0  # how often per-pipeline objects are re-checked
+    scrape_timeout_s: float = 1.0
+
+
+@dataclass
+class _Memory:
+    """What one operator process remembers between passes (all of it re-derivable)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ensured: tuple[int, float] | None = None  # (generation, monotonic time)
+    topic: tuple[tuple[Any, ...], float, TopicCheck] | None = None
+
+
+_memories: dict[tuple[str, str, str], _Memory] = {}
+_memories_lock = threading.Lock()
+
+
+def _memory(namespace: str, name: str, uid: str) -> _Memory:
+    with _memories_lock:
+        return _memories.setdefault((namespace, name, uid), _Memory())
+
+
+def forget(namespace: str, name: str, uid: str) -> None:
+    with _memories_lock:
+        _memories.pop((namespace, name, uid), None)
+
+
+def reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    record: Recorder,
+    settings: ReconcileSettings,
+) -> dict[str, Any]:
+    """One pass; returns the status written."""
+    meta = body["metadata"]
+    memory = _memory(meta["namespace"], meta["name"], meta["uid"])
+    with memory.lock, metrics.RECONCILE_SECONDS.time():
+        try:
+            status = _reconcile(kube, body, record, settings, memory)
+        except Exception:
+            metrics.RECONCILES.labels(meta["namespace"], meta["name"], "error").inc()
+            raise
+        metrics.RECONCILES.labels(meta["namespace"], meta["name"], status["_result"]).inc()
+        status.pop("_result")
+        return status
+
+
+def _reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    record: Recorder,
+    settings: ReconcileSettings,
+    memory: _Memory,
+) -> dict[str, Any]:
+    meta = body["metadata"]
+    name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    now = datetime.now(UTC)
+
+    try:
+        spec = PipelineSpec.parse(name, namespace, body["spec"])
+    except SpecError as exc:
+        return _invalid(kube, body, record, str(exc), generation, now)
+    owner = Owner(name, namespace, meta["uid"])
+
+    # -- per-pipeline objects and volumes (on spec changes and every ensure_s)
+    claims = kube.volume_claims(namespace, name)
+    due = memory.ensured is None or memory.ensured[0] != generation
+    if due or time.monotonic() - memory.ensured[1] > settings.ensure_s:  # type: ignore[index]
+        for obj in pipeline_objects(spec, owner):
+            kube.ensure(obj)
+        kube.replace_role_rules(role(spec, owner))
+        memory.ensured = (generation, time.monotonic())
+    for p in range(spec.partitions):
+        claim_name = names.volume_claim(spec.name, p)
+        claim = claims.get(claim_name)
+        if claim is None:
+            kube.ensure(desired_partition.volume_claim(spec, p, owner))
+            record("Normal", "VolumeCreated", f"partition {p}: created PVC {claim_name}")
+            continue
+        asked = (
+            ((claim.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+        )
+        if asked and quantity(asked) < quantity(spec.storage.size):
+            kube.resize_volume_claim(namespace, claim_name, spec.storage.size)
+            record("Normal", "VolumeResized", f"{claim_name}: {asked} -> {spec.storage.size}")
+
+    # -- what only the operator can check: the input topic
+    topic = _topic(kube, spec, memory, settings)
+    previous_conditions = previous.get("conditions") or []
+    was = next((c for c in previous_conditions if c.get("type") == "TopicReady"), None)
+    if not topic.ok and (was is None or was.get("reason") != topic.reason):
+        record("Warning", topic.reason, topic.message)
+    topic_condition = Condition("TopicReady", topic.ok, topic.reason, topic.message)
+
+    def startable(p: int) -> bool:
+        if topic.reason == "TopicMissing":
+            return False
+        return topic.partitions is None or p < topic.partitions
+
+    # -- observe
+    raw_pods = kube.pods(namespace, name)
+    leases = kube.leases(namespace, name)
+    nodes = {n.name: n for n in (node_view(o) for o in kube.nodes())}
+    vas = kube.volume_attachments()
+    pods_by_partition: dict[int, list[PodView]] = {}
+    pod_ips: dict[str, str] = {}
+    for raw in raw_pods:
+        parsed = names.parse_worker_pod(raw["metadata"]["name"])
+        if parsed is None or parsed[0] != name:
+            continue
+        view = pod_view(raw, parsed[2], names.ANNOTATION_SPEC_HASH)
+        pods_by_partition.setdefault(parsed[1], []).append(view)
+        ip = (raw.get("status") or {}).get("podIP")
+        if ip:
+            pod_ips[view.name] = ip
+    previous_parts = {int(p["partition"]): p for p in previous.get("partitions") or []}
+
+    any_handover = any(p.get("handover") for p in previous_parts.values())
+    all_ready = all(
+        any(
+            v.ready and v.phase == "Running" and not v.deleting
+            for v in pods_by_partition.get(p, [])
+        )
+        for p in range(spec.partitions)
+    )
+    may_roll = all_ready and not any_handover
+
+    # -- decide every partition, persist handovers, then act
+    decisions: dict[int, Decision] = {}
+    for p in range(spec.partitions):
+        prev = previous_parts.get(p, {})
+        handover = Handover.from_status(prev["handover"]) if prev.get("handover") else None
+        claim = claims.get(names.volume_claim(spec.name, p)) or {}
+        pv = (claim.get("spec") or {}).get("volumeName")
+        lease_obj = leases.get(names.lease(spec.name, p))
+        obs = PartitionObservation(
+            partition=p,
+            pods=tuple(pods_by_partition.get(p, [])),
+            nodes=nodes,
+            lease=lease_view(lease_obj) if lease_obj else None,
+            attachments=attachments_of(vas, pv),
+            handover=handover,
+            desired_hash=desired_partition.template_hash(spec, p),
+            may_roll=may_roll,
+        )
+        decision = partition_action(obs, spec.failover.policy(), now)
+        decisions[p] = decision
+        if isinstance(decision.action, BeginHandover):
+            may_roll = False  # one partition rolls at a time
+    changed = any(
+        _handover_status(d) != (previous_parts.get(p, {}).get("handover") or None)
+        for p, d in decisions.items()
+    )
+    parts = {
+        p: _partition_status(p, pods_by_partition.get(p, []), d, previous_parts.get(p, {}))
+        for p, d in decisions.items()
+    }
+    if changed:
+        kube.patch_status(namespace, name, {"partitions": [s.to_status() for s in parts.values()]})
+
+    tainted = list(previous.get("taintedNodes") or [])
+    failovers = int(previous.get("failovers") or 0)
+    for p, decision in decisions.items():
+        action = decision.action
+        if isinstance(action, CreateLease):
+            kube.ensure(desired_partition.lease(spec, p, owner))
+        elif isinstance(action, CreatePod):
+            if not startable(p):
+                parts[p] = _with(parts[p], waiting_for=f"input topic ({topic.reason})")
+                continue
+            pod = desired_partition.worker_pod(spec, p, action.epoch, owner, action.avoid_node)
+            if kube.create_pod(pod):
+                away = f", away from {action.avoid_node}" if action.avoid_node else ""
+                record(
+                    "Normal",
+                    "WorkerCreated",
+                    f"partition {p}: created {pod['metadata']['name']} (epoch {action.epoch}{away})",
+                )
+        elif isinstance(action, DeletePods):
+            for pod_name in action.names:
+                kube.delete_pod(namespace, pod_name, action.force)
+            record(
+                "Normal",
+                "WorkerDeleted",
+                f"partition {p}: deleted {', '.join(action.names)}"
+                f"{' (force)' if action.force else ''}: {action.why}",
+            )
+        elif isinstance(action, TaintOutOfService):
+            kube.taint_out_of_service(action.node)
+            if action.node not in tainted:
+                tainted.append(action.node)
+            record(
+                "Warning",
+                "NodeOutOfService",
+                f"partition {p}: tainted lost node {action.node} out-of-service to release its volume",
+            )
+        elif isinstance(action, BeginHandover):
+            h = action.handover
+            metrics.FAILOVERS_STARTED.labels(namespace, name, h.reason.value).inc()
+            record(
+                "Warning" if h.reason != HandoverReason.SPEC_CHANGED else "Normal",
+                "FailoverStarted" if h.reason != HandoverReason.SPEC_CHANGED else "RollStarted",
+                f"partition {p}: {h.reason.value}: moving from {h.from_pod or '-'} on "
+                f"{h.from_node or '-'} (epoch {h.from_epoch})",
+            )
+        elif isinstance(action, CompleteHandover):
+            h = action.handover
+            seconds = h.steps.get("ready", 0.0)
+            metrics.FAILOVERS.labels(namespace, name, h.reason.value).inc()
+            metrics.FAILOVER_SECONDS.labels(h.reason.value).observe(seconds)
+            for step, at in h.steps.items():
+                metrics.FAILOVER_STEP_SECONDS.labels(namespace, name, str(p), step).set(at)
+            if h.reason != HandoverReason.SPEC_CHANGED:
+                failovers += 1
+            steps = ", ".join(f"{k} {v:.1f}s" for k, v in h.steps.items())
+            record(
+                "Normal",
+                "FailoverCompleted" if h.reason != HandoverReason.SPEC_CHANGED else "RollCompleted",
+                f"partition {p}: {action.pod} is Ready after {seconds:.1f}s ({steps})",
+            )
+            parts[p] = _with(
+                parts[p],
+                last_handover={**h.to_status(), "toPod": action.pod},
+                last_failover=rfc3339(now),
+            )
+        elif isinstance(action, CancelHandover):
+            record("Normal", "FailoverCancelled", f"partition {p}: {action.why}")
+        if decision.degraded and not (previous_parts.get(p, {}).get("waitingFor") or "").startswith(
+            "DEGRADED"
+        ):
+            record("Warning", "VolumeNotDetached", decision.degraded)
+
+    # -- lift out-of-service taints from nodes that are back and hold none of our volumes
+    our_pvs = {
+        (c.get("spec") or {}).get("volumeName")
+        for c in claims.values()
+        if (c.get("spec") or {}).get("volumeName")
+    }
+    for node_name in list(tainted):
+        node = nodes.get(node_name)
+        if node is None:
+            tainted.remove(node_name)
+            continue
+        here = sum(
+            1
+            for va in vas
+            if (va.get("spec") or {}).get("nodeName") == node_name
+            and ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName") in our_pvs
+        )
+        if remove_out_of_service_taint(node, here):
+            kube.remove_out_of_service(node_name)
+            tainted.remove(node_name)
+            record(
+                "Normal", "NodeBackInService", f"removed the out-of-service taint from {node_name}"
+            )
+
+    # -- counters from the workers' own metrics
+    totals = {"dups": 0, "in": 0, "out": 0, "lag": 0}
+    for p, entry in parts.items():
+        if not (entry.ready and entry.pod and entry.pod in pod_ips):
+            continue
+        text = scrape(pod_ips[entry.pod], timeout_s=settings.scrape_timeout_s)
+        if text is None:
+            continue
+        c = worker_counters(
+            text,
+            (
+                "dedup_duplicates_total",
+                "dedup_records_in_total",
+                "dedup_records_out_total",
+                "dedup_consumer_lag",
+            ),
+        )
+        parts[p] = _with(
+            entry, lag=int(c["dedup_consumer_lag"]), duplicates=int(c["dedup_duplicates_total"])
+        )
+        totals["dups"] += int(c["dedup_duplicates_total"])
+        totals["in"] += int(c["dedup_records_in_total"])
+        totals["out"] += int(c["dedup_records_out_total"])
+        totals["lag"] += int(c["dedup_consumer_lag"])
+
+    # -- status
+    entries = [parts[p] for p in range(spec.partitions)]
+    degraded = [d.degraded for d in decisions.values() if d.degraded]
+    if not topic.ok and topic.reason != "KafkaUnreachable":
+        degraded.append(topic.message)
+    spec_current = all(
+        all(
+            v.spec_hash == desired_partition.template_hash(spec, p)
+            for v in pods_by_partition.get(p, [])
+            if not v.deleting
+        )
+        for p in range(spec.partitions)
+    )
+    conditions = summary_conditions(
+        entries, spec.partitions, topic_condition, degraded, spec_current
+    )
+    ready_count = sum(1 for e in entries if e.ready)
+    phase = phase_of(entries, bool(degraded), previous.get("phase"))
+    if phase == "Running" and previous.get("phase") != "Running":
+        record("Normal", "PipelineReady", f"all {spec.partitions} partitions are running")
+    metrics.PARTITIONS_NOT_RUNNING.labels(namespace, name).set(spec.partitions - ready_count)
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": generation,
+        "readyPartitions": ready_count,
+        "duplicatesDropped": totals["dups"],
+        "recordsIn": totals["in"],
+        "recordsOut": totals["out"],
+        "consumerLag": totals["lag"],
+        "failovers": failovers,
+        "taintedNodes": tainted,
+        "conditions": merge_conditions(previous_conditions, conditions, generation, now),
+        "partitions": [e.to_status() for e in entries],
+    }
+    kube.patch_status(namespace, name, status)
+    return {**status, "_result": "ok"}
+
+
+def _invalid(
+    kube: Kube,
+    body: Mapping[str, Any],
+    record: Recorder,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    previous: Mapping[str, Any] = body.get("status") or {}
+    if previous.get("phase") != "Failed" or previous.get("observedGeneration") != generation:
+        record("Warning", "InvalidSpec", message)
+    conditions = [
+        Condition("Ready", False, "InvalidSpec", message),
+        Condition("Degraded", True, "InvalidSpec", message),
+    ]
+    status = {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": merge_conditions(
+            previous.get("conditions") or [], conditions, generation, now
+        ),
+    }
+    meta = body["metadata"]
+    kube.patch_status(meta["namespace"], meta["name"], status)
+    return {**status, "_result": "invalid_spec"}
+
+
+def _topic(
+    kube: Kube, spec: PipelineSpec, memory: _Memory, settings: ReconcileSettings
+) -> TopicCheck:
+    key = (
+        spec.kafka.bootstrap_servers,
+        spec.kafka.input_topic,
+        spec.partitions,
+        spec.kafka.config,
+        spec.kafka.security_ref,
+    )
+    cached = memory.topic
+    if (
+        cached is not None
+        and cached[0] == key
+        and time.monotonic() - cached[1] < settings.topic_check_s
+    ):
+        return cached[2]
+    kafka_settings = dict(spec.kafka.config)
+    ref = spec.kafka.security_ref
+    if ref is not None:
+        secret = kube.secret_value(spec.namespace, ref.secret_name, ref.key)
+        if secret is None:
+            check = TopicCheck(
+                False, "SecretMissing", f"Secret {ref.secret_name} (key {ref.key}) not found"
+            )
+            memory.topic = (key, time.monotonic(), check)
+            return check
+        kafka_settings.update(parse_kafka_settings(secret))
+    check = check_input_topic(
+        spec.kafka.bootstrap_servers, kafka_settings, spec.kafka.input_topic, spec.partitions
+    )
+    memory.topic = (key, time.monotonic(), check)
+    return check
+
+
+def _handover_status(decision: Decision) -> dict[str, Any] | None:
+    return decision.handover.to_status() if decision.handover else None
+
+
+def _partition_status(
+    p: int, pods: list[PodView], decision: Decision, previous: Mapping[str, Any]
+) -> PartitionStatus:
+    current = max((v for v in pods if not v.deleting), key=lambda v: v.epoch, default=None)
+    if current is None:
+        current = max(pods, key=lambda v: v.epoch, default=None)
+    action = decision.action
+    waiting = None
+    if isinstance(action, Steady):
+        waiting = action.waiting_for
+    if decision.degraded:
+        waiting = f"DEGRADED: {decision.degraded}"
+    ready = bool(
+        current is not None
+        and current.ready
+        and current.phase == "Running"
+        and not current.deleting
+        and decision.handover is None
+    )
+    return PartitionStatus(
+        partition=p,
+        pod=current.name if current else None,
+        node=current.node if current else None,
+        epoch=current.epoch if current else 0,
+        phase=("FailingOver" if decision.handover else (current.phase if current else "Missing")),
+        ready=ready,
+        waiting_for=waiting,
+        handover=_handover_status(decision),
+        last_handover=previous.get("lastHandover"),
+        last_failover=previous.get("lastFailover"),
+    )
+
+
+def _with(entry: PartitionStatus, **changes: Any) -> PartitionStatus:
+    from dataclasses import replace
+
+    return replace(entry, **changes)

@@ -1,0 +1,251 @@
+"""The operator as a real process against the real control plane (no kubelets here: pods
+stay Pending; the local cluster's tests run them). What it creates for a pipeline, what
+it reports, what it checks in Kafka, and what deletion leaves behind."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dedup_local.kafka import KafkaBroker
+from dedup_operator import names
+from support.kafka_fixtures import NewTopic
+from support.kube_fixtures import KubeCluster, KubeNamespace
+from support.operator_helpers import (
+    condition,
+    events,
+    get_pipeline,
+    operator_command,
+    running_operator,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def pipeline_body(
+    name: str, bootstrap: str, topic: str, partitions: int, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "kafka": {
+                "bootstrapServers": bootstrap,
+                "inputTopic": topic,
+                "outputTopic": f"{topic}-out",
+            },
+            "partitions": partitions,
+            "messageId": {"source": "jsonField", "field": "messageId"},
+            "window": {"duration": "1h"},
+            "failover": {"nodeLostAfter": "5s", "leaseDuration": "5s"},
+            **spec,
+        },
+    }
+
+
+def create(ns: KubeNamespace, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(ns.api_client).create_namespaced_custom_object(
+        names.GROUP, names.VERSION, ns.name, names.PLURAL, body
+    )
+
+
+def listed(ns: KubeNamespace, kind: str, pipeline: str) -> list[str]:
+    core = client.CoreV1Api(ns.api_client)
+    selector = f"{names.LABEL_PIPELINE}={pipeline}"
+    if kind == "pvc":
+        items = core.list_namespaced_persistent_volume_claim(ns.name, label_selector=selector).items
+    elif kind == "pod":
+        items = core.list_namespaced_pod(ns.name, label_selector=selector).items
+    else:
+        items = (
+            client.CoordinationV1Api(ns.api_client)
+            .list_namespaced_lease(ns.name, label_selector=selector)
+            .items
+        )
+    return sorted(i.metadata.name for i in items)
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    usage = subprocess.run([*operator_command(), "--interval", "0"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "--interval" in usage.stderr
+    missing = subprocess.run(
+        [*operator_command(), "--kubeconfig", str(tmp_path / "nope"), "--log-format", "text"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 3, missing.stderr
+    assert "does not exist" in missing.stdout + missing.stderr
+
+
+def test_cli_exits_3_when_the_cluster_is_unreachable(kube: KubeCluster, tmp_path: Path) -> None:
+    import yaml
+
+    config = yaml.safe_load(kube.kubeconfig_path.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = "https://127.0.0.1:1"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [*operator_command(), "--kubeconfig", str(kubeconfig), "-n", "x", "--log-format", "text"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "cannot reach the API server" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_pipeline_gets_volumes_leases_workers_and_status(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    topic = new_topic(partitions=3)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
+        create(ns, pipeline_body("events", kafka.bootstrap, topic, 3))
+        want = ["events-p0", "events-p1", "events-p2"]
+        wait_for(lambda: listed(ns, "pvc", "events") == want, 60, "3 PVCs")
+        wait_for(lambda: listed(ns, "lease", "events") == want, 60, "3 Leases")
+        pods = wait_for(
+            lambda: (p := listed(ns, "pod", "events")) == [f"{w}-e1" for w in want] and p,
+            60,
+            "3 worker pods at epoch 1",
+        )
+        assert pods
+        rbac = client.RbacAuthorizationV1Api(ns.api_client)
+        rules = rbac.read_namespaced_role("events-worker", ns.name).rules
+        assert rules[0].resource_names == want
+        core = client.CoreV1Api(ns.api_client)
+        assert core.read_namespaced_service("events-workers", ns.name).spec.cluster_ip == "None"
+        client.PolicyV1Api(ns.api_client).read_namespaced_pod_disruption_budget(
+            "events-workers", ns.name
+        )
+        lease = client.CoordinationV1Api(ns.api_client).read_namespaced_lease("events-p0", ns.name)
+        assert lease.spec.lease_duration_seconds == 5 and not lease.spec.holder_identity
+
+        def pending_with_topic() -> dict[str, Any] | None:
+            p = get_pipeline(ns.api_client, ns.name, "events")
+            topic_ready = condition(p, "TopicReady")
+            if (
+                p
+                and topic_ready
+                and topic_ready["status"] == "True"
+                and [e["epoch"] for e in p["status"].get("partitions", [])] == [1, 1, 1]
+            ):
+                return p
+            return None
+
+        found = wait_for(pending_with_topic, 60, "status with TopicReady")
+        status = found["status"]
+        assert status["phase"] == "Pending"
+        assert status["observedGeneration"] == 1
+        assert status["readyPartitions"] == 0
+        assert {c["type"] for c in status["conditions"]} >= {
+            "Ready", "Progressing", "Degraded", "FailingOver", "TopicReady"
+        }  # fmt: skip
+        assert condition(found, "Ready")["status"] == "False"  # type: ignore[index]
+        assert [p["epoch"] for p in status["partitions"]] == [1, 1, 1]
+        reasons = {e[1] for e in events(ns.api_client, ns.name, "events")}
+        assert {"WorkerCreated", "VolumeCreated"} <= reasons
+        assert "dedup_operator_reconciles_total" in op.metrics()
+        assert (
+            f'dedup_operator_partitions_not_running{{namespace="{ns.name}",pipeline="events"}} 3.0'
+            in op.metrics()
+        )
+
+        # Level-based: a deleted Lease comes back, and nothing else changes.
+        client.CoordinationV1Api(ns.api_client).delete_namespaced_lease("events-p1", ns.name)
+        wait_for(lambda: listed(ns, "lease", "events") == want, 30, "the Lease to be recreated")
+        assert listed(ns, "pod", "events") == pods
+
+
+def test_topic_problems_are_conditions_and_events(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    topic = new_topic(partitions=2)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
+        create(ns, pipeline_body("mismatch", kafka.bootstrap, topic, 3))
+        create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
+
+        def reason(name: str) -> str | None:
+            c = condition(get_pipeline(ns.api_client, ns.name, name), "TopicReady")
+            return c["reason"] if c and c["status"] == "False" else None
+
+        assert (
+            wait_for(lambda: reason("mismatch"), 60, "mismatch condition")
+            == "PartitionCountMismatch"
+        )
+        assert wait_for(lambda: reason("missing"), 60, "missing condition") == "TopicMissing"
+        mismatch = get_pipeline(ns.api_client, ns.name, "mismatch")
+        assert mismatch is not None
+        assert (
+            "has 2 partitions, spec.partitions is 3" in condition(mismatch, "TopicReady")["message"]
+        )  # type: ignore[index]
+        assert condition(mismatch, "Degraded")["status"] == "True"  # type: ignore[index]
+        assert ("Warning", "TopicMissing") in {
+            e[:2] for e in events(ns.api_client, ns.name, "missing")
+        }
+        # no workers for a topic that does not exist; only the topic's partitions run
+        assert listed(ns, "pod", "missing") == []
+        wait_for(
+            lambda: listed(ns, "pod", "mismatch") == ["mismatch-p0-e1", "mismatch-p1-e1"],
+            30,
+            "2 pods",
+        )
+
+
+def test_delete_keeps_volumes_only_when_asked(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    topic = new_topic(partitions=2)
+    custom = client.CustomObjectsApi(ns.api_client)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
+        create(ns, pipeline_body("kept", kafka.bootstrap, topic, 2))
+        create(
+            ns,
+            pipeline_body("dropped", kafka.bootstrap, topic, 2, storage={"retainOnDelete": False}),
+        )
+        for name in ("kept", "dropped"):
+            wait_for(lambda n=name: len(listed(ns, "pod", n)) == 2, 60, f"{name}'s pods")
+        kept = get_pipeline(ns.api_client, ns.name, "kept")
+        dropped = get_pipeline(ns.api_client, ns.name, "dropped")
+        assert kept and names.FINALIZER_RETAIN_VOLUMES in kept["metadata"].get("finalizers", [])
+        assert dropped and not dropped["metadata"].get("finalizers")
+        for name in ("kept", "dropped"):
+            custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, ns.name, names.PLURAL, name
+            )
+        wait_for(lambda: get_pipeline(ns.api_client, ns.name, "kept") is None, 60, "kept to go")
+        for kind in ("pod", "lease"):
+            for name in ("kept", "dropped"):
+                wait_for(
+                    lambda k=kind, n=name: listed(ns, k, n) == [], 90, f"{name}'s {kind}s to go"
+                )
+        wait_for(lambda: listed(ns, "pvc", "dropped") == [], 90, "dropped's PVCs to go")
+        assert listed(ns, "pvc", "kept") == ["kept-p0", "kept-p1"]
+        core = client.CoreV1Api(ns.api_client)
+        pvc = core.read_namespaced_persistent_volume_claim("kept-p0", ns.name)
+        assert not pvc.metadata.owner_references
+        with pytest.raises(ApiException):
+            core.read_namespaced_service("kept-workers", ns.name)

@@ -1,0 +1,42 @@
+"""The pipeline's status from one pass (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from dedup_operator.status import Condition, PartitionStatus, merge_conditions, phase_of
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+T1 = datetime(2026, 11, 22, 12, 5, tzinfo=UTC)
+
+
+def part(p: int, ready: bool) -> PartitionStatus:
+    return PartitionStatus(p, f"e-p{p}-e1", "node-a", 1, "Running", ready)
+
+
+def test_transition_time_changes_only_with_status() -> None:
+    first = merge_conditions([], [Condition("Ready", False, "Starting")], 1, T0)
+    same = merge_conditions(first, [Condition("Ready", False, "StillStarting")], 2, T1)
+    assert same[0]["lastTransitionTime"] == "2026-11-22T12:00:00Z"
+    assert same[0]["reason"] == "StillStarting" and same[0]["observedGeneration"] == 2
+    flipped = merge_conditions(same, [Condition("Ready", True, "AllPartitionsReady")], 2, T1)
+    assert flipped[0]["lastTransitionTime"] == "2026-11-22T12:05:00Z"
+    assert flipped[0]["status"] == "True"
+
+
+def test_phase() -> None:
+    assert phase_of([part(0, True), part(1, True)], False, None) == "Running"
+    assert phase_of([part(0, True), part(1, False)], False, None) == "Pending"
+    assert phase_of([part(0, True), part(1, False)], False, "Running") == "Degraded"
+    assert phase_of([part(0, True)], True, None) == "Degraded"
+
+
+def test_partition_entry_leaves_out_unknowns() -> None:
+    assert part(0, True).to_status() == {
+        "partition": 0,
+        "epoch": 1,
+        "phase": "Running",
+        "ready": True,
+        "pod": "e-p0-e1",
+        "node": "node-a",
+    }
