@@ -8,7 +8,7 @@ again with the same observation returns the same answer, so an operator killed a
 point resumes from what the cluster holds.
 
 A *handover* moves a partition from one worker pod to its successor (epoch + 1). It is
-started by node loss, a failed or vanished pod, or a spec change, and always goes:
+started by node loss, a failed or vanished pod, or a spec change. After node loss it goes:
 
 1. **fenced**   - the old worker's Lease has run out by its own renewTime + duration, so
                   the old worker (renew deadline < duration) has stopped committing;
@@ -23,6 +23,10 @@ started by node loss, a failed or vanished pod, or a spec change, and always goe
                   replacement is never created before that (ReadWriteOnce);
 4. **started**  - the replacement pod (next epoch, away from the lost node) is created;
 5. **ready**    - the replacement is Running and Ready: the handover completes.
+
+On a healthy node (a failed pod, a spec change) steps 1 and 2 swap: the old pod is
+deleted gracefully first (the worker finishes its batch and gives up its Lease on
+SIGTERM), then its Lease must be free or have run out.
 """
 
 from __future__ import annotations
@@ -317,20 +321,28 @@ def _continue_handover(
     ):
         return Decision(CancelHandover(f"node {back.name} is Ready again"), None)
 
-    # 1. fenced: never act while the old worker may still hold its Lease.
-    lease = obs.lease
-    if lease is not None and not lease.expired(now):
-        return Decision(
-            Steady(waiting_for=f"Lease held by {lease.holder} to expire", until=lease.expires_at()),
-            h,
-        )
-    h = h.mark("fenced", now)
-
-    # 2. released: the old pods are gone.
     old = [p for p in obs.pods if p.epoch <= h.from_epoch]
-    if old:
-        return Decision(_release(old, h, obs, policy), h)
-    h = h.mark("released", now)
+    if h.reason == HandoverReason.NODE_LOST:
+        # 1. fenced: never touch the lost node while its worker may still hold the Lease
+        # (it may be cut off from us but not from Kafka).
+        waiting = _lease_wait(obs, now)
+        if waiting is not None:
+            return Decision(waiting, h)
+        h = h.mark("fenced", now)
+        # 2. released: the old pods are gone.
+        if old:
+            return Decision(_release(old, h, obs, policy), h)
+        h = h.mark("released", now)
+    else:
+        # On a healthy node the old worker is stopped first (SIGTERM: it finishes its
+        # batch and gives up its Lease), then its Lease must be free or run out.
+        if old:
+            return Decision(_release(old, h, obs, policy), h)
+        h = h.mark("released", now)
+        waiting = _lease_wait(obs, now)
+        if waiting is not None:
+            return Decision(waiting, h)
+        h = h.mark("fenced", now)
 
     # 3. detached: no VolumeAttachment of the volume is left.
     if obs.attachments:
@@ -348,6 +360,14 @@ def _continue_handover(
     # 4. started: the replacement, away from the lost node.
     avoid = h.from_node if h.reason == HandoverReason.NODE_LOST else None
     return Decision(CreatePod(epoch=next_epoch(obs, h), avoid_node=avoid), h.mark("started", now))
+
+
+def _lease_wait(obs: PartitionObservation, now: datetime) -> Steady | None:
+    """What to wait for while the partition's Lease may still be held (None: fenced)."""
+    lease = obs.lease
+    if lease is None or lease.expired(now):
+        return None
+    return Steady(waiting_for=f"Lease held by {lease.holder} to expire", until=lease.expires_at())
 
 
 def _release(

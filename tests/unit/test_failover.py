@@ -229,6 +229,18 @@ def test_failed_pod_is_deleted_gracefully_then_replaced() -> None:
     assert d.action == CreatePod(epoch=2, avoid_node=None)
 
 
+def test_spec_change_stops_the_old_worker_before_waiting_for_its_lease() -> None:
+    held = lease(1, "events-p0-e1", renewed=0, duration=5)
+    h = Handover(HandoverReason.SPEC_CHANGED, s(0), 1, "events-p0-e1", "a")
+    d = partition_action(obs(lease=held, handover=h), POLICY, s(1))
+    assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (SpecChanged)")
+    d = partition_action(obs(lease=held, handover=h, pods=()), POLICY, s(2))
+    assert isinstance(d.action, Steady) and d.action.until == s(5)
+    released = lease(1, "events-p0-e1", renewed=-5, duration=5)  # given up on SIGTERM
+    d = partition_action(obs(lease=released, handover=h, pods=()), POLICY, s(2))
+    assert d.action == CreatePod(epoch=2, avoid_node=None)
+
+
 def test_vanished_pod_is_replaced_after_its_lease_expires() -> None:
     held = lease(3, "events-p0-e3", renewed=0)
     d = partition_action(obs(pods=(), lease=held), POLICY, s(1))
