@@ -204,3 +204,13 @@ def test_apiserver_defaults_are_the_ones_spec_py_assumes(
     from_server = PipelineSpec.parse("minimal", kube_namespace.name, stored["spec"])
     from_code = PipelineSpec.parse("minimal", kube_namespace.name, minimal["spec"])
     assert from_server == from_code
+
+
+def test_example_pipeline_is_valid(dedup_crd: KubeCluster, kube_namespace: KubeNamespace) -> None:
+    from dedup_local.paths import REPO_ROOT
+
+    example = yaml.safe_load((REPO_ROOT / "examples" / "events-pipeline.yaml").read_text())
+    example["metadata"]["namespace"] = kube_namespace.name
+    code, stderr = apply(kube_namespace, example)
+    assert code == 0, stderr
+    PipelineSpec.parse("events", kube_namespace.name, example["spec"])
