@@ -106,7 +106,62 @@ def test_arguments_reproduce_the_config() -> None:
                 "9500",
                 "--kafka-config",
                 "a=1,b=2",
+                "--metrics-address",
+                "127.0.0.3",
+                "--lease-name",
+                "events-p3",
+                "--epoch",
+                "4",
+                "--lease-duration",
+                "1m",
+                "--lease-acquire-timeout",
+                "90s",
+                "--kubeconfig",
+                "/etc/kube/config",
             ]
         )
     )
+    assert cfg.lease is not None and cfg.lease.duration_s == 60
+    assert cfg.metrics_address == "127.0.0.3"
     assert config_from_args(build_parser().parse_args(arguments(cfg))) == cfg
+    standalone = config_from_args(build_parser().parse_args(BASE))
+    assert standalone.lease is None
+    assert config_from_args(build_parser().parse_args(arguments(standalone))) == standalone
+
+
+def test_lease_flags_build_the_lease_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEDUP_LEASE_NAME", "events-p3")
+    monkeypatch.setenv("DEDUP_EPOCH", "2")
+    monkeypatch.setenv("DEDUP_LEASE_DURATION", "5s")
+    lease = config_from_args(build_parser().parse_args(BASE)).lease
+    assert lease is not None
+    assert lease.holder_identity == "events-p3-e2"  # the pod's name, by default
+    assert (lease.epoch, lease.duration_s, lease.acquire_timeout) == (2, 5, 10)
+    assert lease.kubeconfig is None  # in-cluster
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lease-name", "p3"], "--lease-name needs --epoch"),
+        (["--lease-name", "p3", "--epoch", "0"], "--epoch must be >= 1"),
+        (["--lease-name", "p3", "--epoch", "1", "--lease-duration", "1500ms"], "whole seconds"),
+        (["--lease-name", "p3", "--epoch", "1", "--lease-duration", "soon"], "not a duration"),
+    ],
+)
+def test_bad_lease_settings_are_named(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*BASE, *extra]) == EXIT_CONFIG
+    assert message in capsys.readouterr().err
+
+
+def test_lease_without_api_server_config_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    argv = [*BASE, "--metrics-port", "0", "--lease-name", "p3", "--epoch", "1"]
+    assert main(argv) == EXIT_CONFIG
+    assert "set --kubeconfig" in capsys.readouterr().err
+    assert main([*argv, "--kubeconfig", str(tmp_path / "none")]) == EXIT_CONFIG
+    assert "no such file" in capsys.readouterr().err

@@ -11,14 +11,16 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
 from dedup_worker import logs
-from dedup_worker.config import WorkerConfig, default_consumer_group
-from dedup_worker.fencing import Fenced
+from dedup_worker.config import LeaseSettings, WorkerConfig, default_consumer_group
+from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken, LeaseToken
 from dedup_worker.ids import IdSpec
+from dedup_worker.lease import Claim, LeaseTiming
 from dedup_worker.loop import DedupWorker, NoDeadLetterTopic
 from dedup_worker.metrics import Health, WorkerMetrics, serve
 from dedup_worker.store import MiB, StoreConfig, StoreError
@@ -92,6 +94,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opt("metrics-port", "port for /metrics, /healthz, /readyz (0 = off)", default="9400")
     opt(
+        "metrics-address",
+        "address the metrics port listens on (in a pod: its IP)",
+        default="0.0.0.0",
+    )
+    opt(
+        "lease-name",
+        "the partition's Lease (coordination.k8s.io) in --namespace that fences its "
+        "workers; unset = standalone, Kafka's transactional fence only",
+    )
+    opt(
+        "holder-identity",
+        "this worker's name in the Lease, the pod name (default: <lease-name>-e<epoch>)",
+    )
+    opt("epoch", "the epoch this worker was started for (>= 1), kept in the Lease")
+    opt("lease-duration", "how long the Lease holds unrenewed (renewed every third)", default="15s")
+    opt(
+        "lease-acquire-timeout",
+        "how long to wait for an older epoch's Lease to expire (default: 2 x lease duration)",
+    )
+    opt("kubeconfig", "kubeconfig for the API server (default: in-cluster config)")
+    opt(
         "kafka-config",
         "extra librdkafka settings, key=value[,key=value] (e.g. security)",
         default="",
@@ -130,6 +153,23 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             raise ValueError(f"--kafka-config item {item!r} is not key=value")
         kafka_settings[key.strip()] = value.strip()
     metrics_port = _int(args.metrics_port, "metrics-port")
+    lease = None
+    if args.lease_name:
+        if not args.epoch:
+            raise ValueError("--lease-name needs --epoch (DEDUP_EPOCH)")
+        epoch = _int(args.epoch, "epoch")
+        lease = LeaseSettings(
+            name=args.lease_name,
+            holder_identity=args.holder_identity or f"{args.lease_name}-e{epoch}",
+            epoch=epoch,
+            duration_s=_seconds(args.lease_duration, "lease-duration"),
+            acquire_timeout_s=(
+                _seconds(args.lease_acquire_timeout, "lease-acquire-timeout")
+                if args.lease_acquire_timeout
+                else None
+            ),
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+        )
     return WorkerConfig(
         bootstrap_servers=args.bootstrap_servers,
         input_topic=args.input_topic,
@@ -150,6 +190,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         ),
         kafka_settings=kafka_settings,
         metrics_port=metrics_port or None,
+        metrics_address=args.metrics_address,
+        lease=lease,
     )
 
 
@@ -172,7 +214,20 @@ def arguments(config: WorkerConfig) -> list[str]:
         "--block-cache-mb", str(config.store.block_cache_bytes // MiB),
         "--lookup-threads", str(config.store.lookup_threads),
         "--metrics-port", str(config.metrics_port or 0),
+        "--metrics-address", config.metrics_address,
     ]  # fmt: skip
+    if config.lease is not None:
+        lease = config.lease
+        argv += [
+            "--lease-name", lease.name,
+            "--holder-identity", lease.holder_identity,
+            "--epoch", str(lease.epoch),
+            "--lease-duration", f"{lease.duration_s}s",
+        ]  # fmt: skip
+        if lease.acquire_timeout_s is not None:
+            argv += ["--lease-acquire-timeout", f"{lease.acquire_timeout_s}s"]
+        if lease.kubeconfig is not None:
+            argv += ["--kubeconfig", str(lease.kubeconfig)]
     if config.dead_letter_topic:
         argv += ["--dead-letter-topic", config.dead_letter_topic]
     if config.window.duration_ms is not None:
@@ -182,6 +237,13 @@ def arguments(config: WorkerConfig) -> list[str]:
     if config.kafka_settings:
         argv += ["--kafka-config", ",".join(f"{k}={v}" for k, v in config.kafka_settings.items())]
     return argv
+
+
+def _seconds(text: str, flag: str) -> int:
+    ms = parse_duration_ms(text)
+    if ms % 1000:
+        raise ValueError(f"--{flag} must be whole seconds, got {text!r}")
+    return ms // 1000
 
 
 def _int(text: str, flag: str) -> int:
@@ -201,29 +263,83 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     metrics = WorkerMetrics(config.pipeline, config.partition)
     health = Health()
-    if config.metrics_port:
-        serve(metrics, health, config.metrics_port)
-    worker = DedupWorker(config, metrics=metrics, health=health)
+    stopping = threading.Event()
+    worker: DedupWorker | None = None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("stopping after the batch in hand", extra={"signal": signal.Signals(signum).name})
-        worker.stop()
+        stopping.set()
+        if worker is not None:
+            worker.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if config.metrics_port:
+        try:
+            serve(metrics, health, config.metrics_port, config.metrics_address)
+        except OSError as exc:
+            log.error(
+                "cannot serve metrics on %s:%d: %s",
+                config.metrics_address,
+                config.metrics_port,
+                exc,
+            )
+            return EXIT_CONFIG
+    lease: LeaseToken | None = None
     try:
+        fencing: FencingToken = AlwaysHeld()
+        if config.lease is not None:
+            try:
+                lease = _lease_token(config)
+            except ValueError as exc:
+                log.error("%s", exc)
+                return EXIT_CONFIG
+            if not lease.acquire(config.lease.acquire_timeout, stopping):
+                log.info("stopped before taking the Lease")
+                return 0
+            lease.start_renewing()
+            fencing = lease
+        worker = DedupWorker(config, fencing=fencing, metrics=metrics, health=health)
+        if stopping.is_set():
+            worker.stop()
         worker.run()
     except Fenced as exc:
-        log.error("fenced: %s", exc)
+        if worker is None:  # refused the Lease at start; the loop counts its own
+            metrics.fencing_events.inc()
+        last = worker.last_commit_at if worker is not None else None
+        log.error("fenced: %s", exc, extra={"exit_code": EXIT_FENCED, "last_commit": last})
+        if lease is not None:
+            lease.stop_renewing()
         return EXIT_FENCED
     except NoDeadLetterTopic as exc:
         log.error("%s", exc)
-        return EXIT_STOPPED_ON_INPUT
+        return _released(lease, EXIT_STOPPED_ON_INPUT)
     except StoreError as exc:
         log.error("store refused: %s", exc)
-        return EXIT_STORE
+        return _released(lease, EXIT_STORE)
+    finally:
+        if lease is not None:
+            lease.stop_renewing()  # a no-op after release; else the Lease lapses by itself
     log.info("stopped cleanly")
-    return 0
+    return _released(lease, 0)
+
+
+def _lease_token(config: WorkerConfig) -> LeaseToken:
+    """The Lease-backed token for `config.lease`; ValueError on unusable settings."""
+    assert config.lease is not None
+    settings = config.lease
+    claim = Claim(settings.holder_identity, settings.epoch, settings.duration_s)
+    timing = LeaseTiming.for_duration(settings.duration_s)
+    return LeaseToken.connect(config.namespace, settings.name, claim, timing, settings.kubeconfig)
+
+
+def _released(lease: LeaseToken | None, code: int) -> int:
+    """Leave the Lease expired after a stop with everything closed (no transaction
+    open): the operator may start the next epoch without waiting out the duration, and a
+    restart of this pod's worker takes it back as its own."""
+    if lease is not None:
+        lease.release()
+    return code
 
 
 if __name__ == "__main__":

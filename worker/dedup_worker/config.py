@@ -26,6 +26,34 @@ def default_consumer_group(pipeline: str) -> str:
 
 
 @dataclass(frozen=True)
+class LeaseSettings:
+    """The partition's Lease this worker must hold to commit (in Kubernetes; CONTRACTS.md).
+    Absent, the worker runs standalone and only Kafka's transactional fence guards it."""
+
+    name: str  # `<pipeline>-p<N>` in the pipeline's namespace
+    holder_identity: str  # the pod's name, `<pipeline>-p<N>-e<epoch>`
+    epoch: int  # the epoch this worker was started for; the Lease's leaseTransitions
+    duration_s: int = 15
+    # how long to wait for an older epoch's hold to expire; None = 2 x duration
+    acquire_timeout_s: int | None = None
+    kubeconfig: Path | None = None  # None: in-cluster config
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.holder_identity:
+            raise ValueError("the Lease needs a name and a holder identity")
+        if self.epoch < 1:
+            raise ValueError(f"--epoch must be >= 1, got {self.epoch}")
+        if self.duration_s < 1:
+            raise ValueError(f"--lease-duration must be at least 1s, got {self.duration_s}s")
+        if self.acquire_timeout_s is not None and self.acquire_timeout_s < 0:
+            raise ValueError("--lease-acquire-timeout must not be negative")
+
+    @property
+    def acquire_timeout(self) -> int:
+        return 2 * self.duration_s if self.acquire_timeout_s is None else self.acquire_timeout_s
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     bootstrap_servers: str
     input_topic: str
@@ -45,6 +73,8 @@ class WorkerConfig:
     # Extra librdkafka settings (security, tuning), applied to consumer and producer.
     kafka_settings: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"  # in a pod: its IP (downward API status.podIP)
+    lease: LeaseSettings | None = None
 
     def __post_init__(self) -> None:
         if self.partition < 0:

@@ -9,6 +9,7 @@ commit one store write batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -137,6 +138,11 @@ class DedupWorker:
         self._commit_result: Future[bool] | None = None
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
         self._disk_measured = -DISK_GAUGE_EVERY_S
+        self._fence: str | None = None  # why this worker is fenced, once it is
+        self._fatal: KafkaError | None = None  # the producer's fatal error, when it has one
+        # wall-clock time the last commit returned (None before the first): the fenced
+        # worker's log line carries it, to show it stopped before the next holder began
+        self.last_commit_at: float | None = None
         self.store: Store | None = None
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
@@ -161,9 +167,7 @@ class DedupWorker:
         cfg = self.config
         started = time.monotonic()
         if not self.fencing.held():
-            raise Fenced(
-                f"partition {cfg.partition} of {cfg.pipeline}: fencing token not held at start"
-            )
+            raise self._fenced(f"not held at start: {self.fencing.why_not_held()}")
         self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
         self.producer = Producer(self._producer_settings())
         log.info("initialising transactions", extra={"transactional_id": cfg.transactional_id})
@@ -204,9 +208,23 @@ class DedupWorker:
         self.health.ready = False
         try:
             if self._in_flight is not None and self.store is not None:
-                self._complete()
+                if self._fence is None:
+                    self._complete()
+                else:
+                    self._discard_in_flight()
         finally:
             self._release()
+
+    def _discard_in_flight(self) -> None:
+        """A fenced worker does not complete its batch in flight: the committer aborts it
+        (token lost) or fails to commit it (fenced at the broker), and should it have
+        committed, the store, unwritten, catches up from the output topic at the next
+        start, as after a crash."""
+        future = self._commit_result
+        self._in_flight = self._commit_result = None
+        if future is not None:
+            with contextlib.suppress(Fenced, KafkaException):
+                future.result()
 
     def _release(self) -> None:
         self._in_flight = self._commit_result = None
@@ -235,6 +253,8 @@ class DedupWorker:
         """Prepare the next batch, complete the one in flight, send the prepared one.
 
         Returns what the *completed* batch did (zeros if none completed this call)."""
+        if not self.fencing.held():  # a clock comparison: no API call per batch
+            raise self._fenced(self.fencing.why_not_held())
         prepared = self._prepare()
         done, redo, expired = self._complete()
         if redo:
@@ -377,39 +397,85 @@ class DedupWorker:
         producer = self.producer
         cfg = self.config
         try:
-            if not self.fencing.held():
-                self.metrics.fencing_events.inc()
-                producer.abort_transaction(30)
-                raise Fenced(
-                    f"partition {cfg.partition}: lost the fencing token; transaction aborted"
-                )
+            self._check_token(producer)
             producer.flush()
             producer.send_offsets_to_transaction(
                 [TopicPartition(cfg.input_topic, cfg.partition, batch.next_input)],
                 self.consumer.consumer_group_metadata(),
             )
             faults.maybe_crash("before-commit")
+            self._check_token(producer)  # the flush may have taken a while
+            sent = time.time()
             producer.commit_transaction()
         except KafkaException as exc:
             self._raise_if_fenced(exc)
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.txn_requires_abort():
                 log.warning("transaction aborted; redoing the batch", extra={"error": err.str()})
-                producer.abort_transaction(30)
+                try:
+                    producer.abort_transaction(30)
+                except KafkaException as abort_exc:
+                    self._raise_if_fenced(abort_exc)
+                    raise
                 self.metrics.aborts.inc()
                 return False
             raise
+        first = self.last_commit_at is None
+        self.last_commit_at = time.time()
+        if first:
+            log.info(
+                "first transaction committed",
+                extra={
+                    "input_next_offset": batch.next_input,
+                    "commit_sent": sent,
+                    "committed": self.last_commit_at,
+                },
+            )
         self.metrics.transactions.inc()
         return True
 
-    def _raise_if_fenced(self, exc: KafkaException) -> None:
-        err = exc.args[0] if exc.args else None
-        if isinstance(err, KafkaError) and (err.code() in _FENCED_CODES or err.fatal()):
+    def _check_token(self, producer: Producer) -> None:
+        """(Committer thread.) Before committing: still holding the fencing token? If not,
+        abort the open transaction (as far as the broker lets us) and raise Fenced."""
+        if self.fencing.held():
+            return
+        fence = self._fenced(self.fencing.why_not_held())
+        try:
+            producer.abort_transaction(10)
+        except KafkaException as exc:
+            log.debug("abort after losing the token failed", extra={"error": str(exc)})
+        raise fence
+
+    def _fenced(self, reason: str) -> Fenced:
+        """The exception a fenced worker stops with; counted once per worker."""
+        if self._fence is None:
+            self._fence = reason
             self.metrics.fencing_events.inc()
-            raise Fenced(
-                f"partition {self.config.partition}: another worker took over transactional "
-                f"id {self.config.transactional_id} ({err.str()}); this one must stop"
-            ) from exc
+        return Fenced(f"partition {self.config.partition} of {self.config.pipeline}: {reason}")
+
+    def _raise_if_fenced(self, exc: KafkaException) -> None:
+        """Raise Fenced if `exc` says the producer is fenced or fatally failed, however the
+        call learned it: the transactional calls return the fatal error itself, while
+        `produce` only says `_FATAL` ("Unable to produce message"), the reason being
+        served to the error callback by the next poll."""
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError):
+            return
+        code = err.code()
+        if code not in _FENCED_CODES and not err.fatal() and code != KafkaError._FATAL:
+            return
+        if code == KafkaError._FATAL and self._fatal is None and self.producer is not None:
+            self.producer.poll(0)  # serves the fatal error to _on_kafka_error
+        cause = self._fatal if code == KafkaError._FATAL and self._fatal is not None else err
+        raise self._fenced(
+            f"another worker took over transactional id {self.config.transactional_id} "
+            f"({cause.str()}); this one must stop"
+        ) from exc
+
+    def _on_kafka_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback: remembers the producer's fatal error (a fence)."""
+        if err.fatal() and self._fatal is None:
+            self._fatal = err
 
     def _produce(
         self,
@@ -517,6 +583,7 @@ class DedupWorker:
         return {
             "bootstrap.servers": cfg.bootstrap_servers,
             "transactional.id": cfg.transactional_id,
+            "error_cb": self._on_kafka_error,
             "transaction.timeout.ms": cfg.transaction_timeout_ms,
             "linger.ms": 5,
             "batch.size": 1_000_000,

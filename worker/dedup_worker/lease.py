@@ -1,0 +1,176 @@
+"""The partition Lease's rules, as pure decisions (no API server, no clocks of their own).
+
+One `coordination.k8s.io/v1` Lease per partition fences its workers (CONTRACTS.md):
+
+- `spec.holderIdentity` is the pod holding it, `<pipeline>-p<N>-e<epoch>`;
+- `spec.leaseTransitions` is the epoch: the worker started for epoch E writes E when it
+  takes the Lease, so a worker of an older epoch can tell it was superseded;
+- others judge expiry by the Lease's own `renewTime + leaseDurationSeconds` (wall clock:
+  all another party can see);
+- the holder judges its own hold by its *monotonic* clock: held only while
+  `now < (when the last successful renew request was sent) + renew deadline`, with the
+  renew deadline shorter than the duration, so the holder stops committing before anyone
+  else may consider the Lease expired (the margin absorbs clock-rate drift and the time
+  between a `held()` check and the commit it guards).
+
+The shell that reads and writes the Lease (compare-and-set on `resourceVersion`) and
+renews it in the background is `dedup_worker.fencing.LeaseToken`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The fields of a Lease the rules read and write."""
+
+    holder: str | None
+    transitions: int  # spec.leaseTransitions: the epoch of the last taker
+    renew_time: datetime | None
+    duration_s: int | None
+    acquire_time: datetime | None = None
+
+    def expires_at(self) -> datetime | None:
+        """When others may take it; None when nobody holds it (free)."""
+        if not self.holder or self.renew_time is None or not self.duration_s:
+            return None
+        return self.renew_time + timedelta(seconds=self.duration_s)
+
+    def expired(self, now: datetime) -> bool:
+        """Free, or not renewed within its duration (the operator's rule, too)."""
+        expiry = self.expires_at()
+        return expiry is None or now >= expiry
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who this worker is in the Lease and the epoch it was started for."""
+
+    identity: str
+    epoch: int
+    duration_s: int
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise ValueError("the holder identity must not be empty")
+        if self.epoch < 1:
+            raise ValueError(f"the epoch must be >= 1, got {self.epoch}")
+        if self.duration_s < 1:
+            raise ValueError(f"the lease duration must be >= 1s, got {self.duration_s}s")
+
+
+@dataclass(frozen=True)
+class Acquire:
+    """Take (or re-take) the Lease: write `taken(...)` with compare-and-set."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Held, unexpired, by a worker of an older epoch: wait until it expires."""
+
+    holder: str
+    until: datetime
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A worker of this epoch or a newer one took the partition: never take it."""
+
+    reason: str
+
+
+Decision = Acquire | Wait | Superseded
+
+
+def decide(lease: LeaseRecord, claim: Claim, now: datetime) -> Decision:
+    """What a worker starting for `claim` does about the observed `lease` at `now`."""
+    if lease.holder == claim.identity:
+        if lease.transitions <= claim.epoch:
+            return Acquire()  # ours already: a restart of the same pod's worker
+        return Superseded(
+            f"it names us ({claim.identity}) but with epoch {lease.transitions} > ours "
+            f"({claim.epoch})"
+        )
+    if lease.transitions >= claim.epoch:
+        by = f" (holder {lease.holder})" if lease.holder else ""
+        return Superseded(
+            f"its epoch is {lease.transitions}{by}, not older than ours ({claim.epoch})"
+        )
+    expiry = lease.expires_at()
+    if expiry is None or now >= expiry:
+        return Acquire()
+    assert lease.holder is not None
+    return Wait(holder=lease.holder, until=expiry)
+
+
+def is_ours(lease: LeaseRecord, claim: Claim) -> bool:
+    """Whether the Lease still names this worker at its epoch (after a write conflict,
+    a re-read that says so means a harmless concurrent change, not a takeover)."""
+    return lease.holder == claim.identity and lease.transitions == claim.epoch
+
+
+def taken(lease: LeaseRecord, claim: Claim, now: datetime) -> LeaseRecord:
+    """The Lease as this worker writes it when taking it."""
+    same_holder = lease.holder == claim.identity and lease.acquire_time is not None
+    return LeaseRecord(
+        holder=claim.identity,
+        transitions=claim.epoch,
+        renew_time=now,
+        duration_s=claim.duration_s,
+        acquire_time=lease.acquire_time if same_holder else now,
+    )
+
+
+def renewed(lease: LeaseRecord, now: datetime) -> LeaseRecord:
+    return replace(lease, renew_time=now)
+
+
+def released(lease: LeaseRecord, now: datetime) -> LeaseRecord:
+    """The Lease as a cleanly stopping holder leaves it: holder and epoch kept (the record
+    of who had it last), `renewTime` moved back one duration so that it counts as expired
+    now for everyone: the operator may start the next epoch at once, and the same pod's
+    worker, restarted, takes it back as its own."""
+    duration = timedelta(seconds=lease.duration_s or 0)
+    return replace(lease, renew_time=now - duration)
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """How often the holder renews and how long a successful renew proves the hold.
+
+    Invariant: renew_every_s < renew_deadline_s < duration_s, so a few renews may fail
+    before the hold lapses, and it lapses (for the holder) a third of a duration before
+    the Lease expires (for everyone else)."""
+
+    duration_s: int
+    renew_every_s: float
+    renew_deadline_s: float
+
+    @classmethod
+    def for_duration(cls, duration_s: int) -> LeaseTiming:
+        return cls(duration_s, duration_s / 3, duration_s * 2 / 3)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_every_s < self.renew_deadline_s < self.duration_s:
+            raise ValueError(
+                "need 0 < renew interval < renew deadline < lease duration, got "
+                f"{self.renew_every_s}s, {self.renew_deadline_s}s, {self.duration_s}s"
+            )
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Per API request: a hung request must not outlive a renew interval."""
+        return self.renew_every_s
+
+    def held_until(self, last_renew_sent: float) -> float:
+        """Monotonic time until which a renew *sent* at `last_renew_sent` (monotonic) and
+        answered with success proves the hold."""
+        return last_renew_sent + self.renew_deadline_s
+
+
+def held(held_until: float | None, monotonic_now: float) -> bool:
+    """The holder's own rule: held strictly before the deadline of its last good renew."""
+    return held_until is not None and monotonic_now < held_until
