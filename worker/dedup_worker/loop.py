@@ -465,16 +465,19 @@ class DedupWorker:
         if code not in _FENCED_CODES and not err.fatal() and code != KafkaError._FATAL:
             return
         if code == KafkaError._FATAL and self._fatal is None and self.producer is not None:
-            self.producer.poll(0)  # serves the fatal error to _on_kafka_error
+            try:
+                self.producer.poll(0)  # serves the fatal error: to the callback, or raised
+            except KafkaException as served:
+                self._on_kafka_error(served.args[0] if served.args else None)
         cause = self._fatal if code == KafkaError._FATAL and self._fatal is not None else err
         raise self._fenced(
             f"another worker took over transactional id {self.config.transactional_id} "
             f"({cause.str()}); this one must stop"
         ) from exc
 
-    def _on_kafka_error(self, err: KafkaError) -> None:
+    def _on_kafka_error(self, err: KafkaError | None) -> None:
         """librdkafka's error callback: remembers the producer's fatal error (a fence)."""
-        if err.fatal() and self._fatal is None:
+        if isinstance(err, KafkaError) and err.fatal() and self._fatal is None:
             self._fatal = err
 
     def _produce(

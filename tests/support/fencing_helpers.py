@@ -1,0 +1,118 @@
+"""Helpers for the worker fencing tests: a steady input stream, waiting on a worker
+process's log and exit, and reading its structured log lines."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from dedup_local import kafka as local_kafka
+from support.worker_helpers import event
+
+
+class Stream:
+    """Produces `total` events to partition 0 of `topic` in chunks from a thread, every
+    `every`-th a repeat of an id ten back, so that a worker is busy when it is fenced.
+    `expected` is the exact output: first occurrences in input order."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, total: int, chunk: int = 1000, pause_s: float = 0.05
+    ) -> None:
+        self.ids = [f"s{i - 10}" if i % 10 == 9 else f"s{i}" for i in range(total)]
+        self.expected = list(dict.fromkeys(self.ids))
+        self._bootstrap, self._topic = bootstrap, topic
+        self._chunk, self._pause_s = chunk, pause_s
+        self.produced = 0
+        self._thread = threading.Thread(target=self._run, name="stream", daemon=True)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float = 120) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the input stream did not finish"
+        assert self.produced == len(self.ids)
+
+    def _run(self) -> None:
+        producer = Producer(
+            {"bootstrap.servers": self._bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+        for start in range(0, len(self.ids), self._chunk):
+            part = self.ids[start : start + self._chunk]
+            for n, message_id in enumerate(part):
+                producer.produce(self._topic, event(message_id, start + n), partition=0)
+            producer.flush(30)
+            self.produced += len(part)
+            time.sleep(self._pause_s)
+
+
+def log_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON log lines of a worker's output (librdkafka's own lines are skipped)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+def wait_for_log(path: Path, message: str, timeout_s: float = 60) -> dict[str, Any]:
+    """The first JSON log record with this message, waiting for it to appear."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            for record in log_records(path):
+                if record.get("message") == message:
+                    return record
+        time.sleep(0.1)
+    raise AssertionError(f"no {message!r} in {path} within {timeout_s}s:\n{tail(path)}")
+
+
+def wait_exit(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"worker still running after {timeout_s}s:\n{tail(log)}") from None
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def fenced_lines(path: Path) -> list[dict[str, Any]]:
+    return [r for r in log_records(path) if r.get("level") == "ERROR" and "fenced" in r["message"]]
+
+
+def committed_input(bootstrap: str, group: str, topic: str) -> int:
+    return int(local_kafka.committed_offsets(bootstrap, group, topic, [0])[0])
+
+
+def wait_committed(
+    bootstrap: str, group: str, topic: str, offset: int, log: Path, timeout_s: float = 120
+) -> None:
+    """Until the group's committed input offset reaches `offset` (a worker consumed all)."""
+    deadline = time.monotonic() + timeout_s
+    while committed_input(bootstrap, group, topic) < offset:
+        assert time.monotonic() < deadline, f"input not consumed to {offset}:\n{tail(log)}"
+        time.sleep(0.3)
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except OSError:
+        return 0
