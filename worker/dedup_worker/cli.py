@@ -320,8 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if lease is not None:
             lease.stop_renewing()  # a no-op after release; else the Lease lapses by itself
+    _released(lease, 0)
     log.info("stopped cleanly")
-    return _released(lease, 0)
+    return 0
 
 
 def _lease_token(config: WorkerConfig) -> LeaseToken:

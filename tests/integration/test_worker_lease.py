@@ -1,0 +1,282 @@
+"""Lease fencing of real worker processes against the real kube-apiserver and Kafka: the
+worker takes its partition's Lease before it starts, renews it, refuses a Lease of a newer
+epoch, stops when the Lease is taken over or when it can no longer reach the API server —
+before anyone else may take the Lease — and output stays exact across the handover.
+
+The tests play the operator: they create the Lease, move it to the next epoch and start
+the replacement worker with that epoch. Short leases (4 s) keep them quick."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from dedup_worker.cli import EXIT_FENCED
+from dedup_worker.config import LeaseSettings, WorkerConfig
+from dedup_worker.fencing import _micro_time
+from dedup_worker.lease import LeaseTiming
+from support.fencing_helpers import (
+    Stream,
+    fenced_lines,
+    log_records,
+    tail,
+    wait_committed,
+    wait_exit,
+    wait_for_log,
+)
+from support.kube_fixtures import KubeNamespace
+from support.tcp_proxy import TcpProxy
+from support.worker_helpers import (
+    event,
+    output_ids,
+    produce,
+    start_worker,
+    unique,
+    worker_config,
+)
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 4
+TIMING = LeaseTiming.for_duration(LEASE_S)
+
+
+@pytest.fixture
+def leases(kube_namespace: KubeNamespace) -> Any:
+    return client.CoordinationV1Api(kube_namespace.api_client)
+
+
+def make_pipeline(kafka: Any, tmp_path: Path, ns: KubeNamespace, **overrides: Any) -> WorkerConfig:
+    name = unique("lease")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 1)
+    return replace(worker_config(kafka.bootstrap, tmp_path, name, **overrides), namespace=ns.name)
+
+
+def with_lease(
+    cfg: WorkerConfig, epoch: int, kubeconfig: Path, store: Path | None = None
+) -> WorkerConfig:
+    name = f"{cfg.pipeline}-p{cfg.partition}"
+    lease = LeaseSettings(name, f"{name}-e{epoch}", epoch, LEASE_S, kubeconfig=kubeconfig)
+    return replace(cfg, lease=lease, store_path=store or cfg.store_path)
+
+
+def create_lease(
+    leases: Any,
+    ns: str,
+    name: str,
+    *,
+    holder: str | None = None,
+    transitions: int = 0,
+    renewed: datetime | None = None,
+) -> Any:
+    spec: dict[str, Any] = {"leaseTransitions": transitions, "leaseDurationSeconds": LEASE_S}
+    if holder:
+        spec["holderIdentity"] = holder
+    if renewed:
+        spec["renewTime"] = spec["acquireTime"] = _micro_time(renewed)
+    body = {"metadata": {"name": name, "labels": {"app": "dedup-test"}}, "spec": spec}
+    return leases.create_namespaced_lease(ns, body)
+
+
+def expiry(lease: Any) -> datetime:
+    return lease.spec.renew_time + timedelta(seconds=lease.spec.lease_duration_seconds)
+
+
+def ts(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
+
+
+def test_worker_takes_a_free_lease_renews_it_and_releases_it_on_stop(
+    kafka: Any, tmp_path: Path, kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    ns = kube_namespace.name
+    cfg = with_lease(
+        make_pipeline(kafka, tmp_path, kube_namespace), 1, kube_namespace.kubeconfig_path
+    )
+    assert cfg.lease is not None
+    create_lease(leases, ns, cfg.lease.name)  # as the operator does: free, epoch 0
+    produce(kafka.bootstrap, cfg.input_topic, [event("a"), event("b"), event("a")])
+    log = tmp_path / "worker.log"
+    proc = start_worker(cfg, log)
+    try:
+        wait_for_log(log, "worker ready")
+        taken = leases.read_namespaced_lease(cfg.lease.name, ns)
+        assert taken.spec.holder_identity == cfg.lease.holder_identity
+        assert taken.spec.lease_transitions == 1  # the epoch
+        assert taken.spec.lease_duration_seconds == LEASE_S
+        assert taken.metadata.labels == {"app": "dedup-test"}, "the operator's labels stay"
+        time.sleep(TIMING.renew_every_s * 2)
+        later = leases.read_namespaced_lease(cfg.lease.name, ns)
+        assert later.spec.renew_time > taken.spec.renew_time, "renewed in the background"
+        assert later.spec.acquire_time == taken.spec.acquire_time
+        wait_committed(kafka.bootstrap, cfg.group, cfg.input_topic, 3, log)
+    finally:
+        proc.terminate()
+    assert wait_exit(proc, log, 30) == 0, tail(log)
+    released = leases.read_namespaced_lease(cfg.lease.name, ns)
+    assert released.spec.holder_identity == cfg.lease.holder_identity
+    assert released.spec.lease_transitions == 1
+    assert expiry(released) <= datetime.now(UTC), "a clean stop leaves the Lease expired"
+    assert [r["message"] for r in log_records(log)][-2:] == [
+        "released the Lease",
+        "stopped cleanly",
+    ]
+    assert output_ids(kafka.bootstrap, cfg.output_topic) == ["a", "b"]
+
+
+def test_worker_of_an_old_epoch_exits_fenced_without_touching_kafka(
+    kafka: Any, tmp_path: Path, kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    ns = kube_namespace.name
+    cfg = with_lease(
+        make_pipeline(kafka, tmp_path, kube_namespace), 1, kube_namespace.kubeconfig_path
+    )
+    assert cfg.lease is not None
+    # epoch 2 had it and is gone (expired long ago): epoch 1 must still not take it
+    before = create_lease(
+        leases,
+        ns,
+        cfg.lease.name,
+        holder=f"{cfg.lease.name}-e2",
+        transitions=2,
+        renewed=datetime.now(UTC) - timedelta(hours=1),
+    )
+    log = tmp_path / "worker.log"
+    code = wait_exit(start_worker(cfg, log), log, 60)
+    text = log.read_text()
+    assert code == EXIT_FENCED, text
+    (line,) = fenced_lines(log)
+    assert "is not ours to take: its epoch is 2" in line["message"], text
+    assert "Traceback" not in text
+    assert "initialising transactions" not in text, "no producer was created"
+    assert not cfg.store_path.exists(), "no store was opened"
+    after = leases.read_namespaced_lease(cfg.lease.name, ns)
+    assert after.metadata.resource_version == before.metadata.resource_version
+
+
+def test_worker_whose_lease_is_taken_over_stops_and_the_next_epoch_finishes_exactly(
+    kafka: Any, tmp_path: Path, kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    ns, kubeconfig = kube_namespace.name, kube_namespace.kubeconfig_path
+    base = make_pipeline(kafka, tmp_path, kube_namespace, batch_size=1000)
+    old_cfg = with_lease(base, 1, kubeconfig)
+    assert old_cfg.lease is not None
+    create_lease(leases, ns, old_cfg.lease.name)
+    stream = Stream(kafka.bootstrap, base.input_topic, total=40_000, chunk=1000, pause_s=0.1)
+    stream.start()
+    old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
+    old = start_worker(old_cfg, old_log)
+    try:
+        wait_for_log(old_log, "first transaction committed")
+        # The "operator" moves the Lease to epoch 2 without waiting (a write conflict for
+        # the old worker's next renew).
+        lease = leases.read_namespaced_lease(old_cfg.lease.name, ns)
+        lease.spec.holder_identity = f"{old_cfg.lease.name}-e2"
+        lease.spec.lease_transitions = 2
+        lease.spec.renew_time = datetime.now(UTC)
+        leases.replace_namespaced_lease(old_cfg.lease.name, ns, lease)
+        taken_over = time.time()
+        code = wait_exit(old, old_log, 30)
+    finally:
+        if old.poll() is None:
+            old.kill()
+    exited = time.time()
+    assert code == EXIT_FENCED, tail(old_log)
+    (line,) = fenced_lines(old_log)
+    assert "was taken over by" in line["message"] and "epoch 2" in line["message"]
+    assert "Traceback" not in old_log.read_text()
+    # Its last commit was sent while its last renew (before the takeover) still held.
+    assert line["last_commit"] < taken_over + TIMING.renew_deadline_s, line
+    print(
+        f"takeover {ts(taken_over)}, old's last commit {ts(line['last_commit'])}, "
+        f"old exited {ts(exited)} ({exited - taken_over:.2f}s after the takeover)"
+    )
+
+    new_cfg = with_lease(base, 2, kubeconfig, store=tmp_path / "new-volume")
+    new = start_worker(new_cfg, new_log)
+    try:
+        first = wait_for_log(new_log, "first transaction committed")
+        assert first["commit_sent"] > line["last_commit"]
+        stream.join()
+        wait_committed(kafka.bootstrap, base.group, base.input_topic, len(stream.ids), new_log)
+    finally:
+        new.terminate()
+    assert wait_exit(new, new_log, 30) == 0, tail(new_log)
+    assert output_ids(kafka.bootstrap, base.output_topic) == stream.expected
+
+
+def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
+    kafka: Any, tmp_path: Path, kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    ns = kube_namespace.name
+    server = kube_namespace.cluster.server  # https://127.0.0.1:<port>
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    kubeconfig = yaml.safe_load(kube_namespace.kubeconfig_path.read_text())
+    for entry in kubeconfig["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    cut_config = tmp_path / "through-proxy.kubeconfig"
+    cut_config.write_text(yaml.safe_dump(kubeconfig))
+
+    base = make_pipeline(kafka, tmp_path, kube_namespace, batch_size=1000)
+    old_cfg = with_lease(base, 1, cut_config)
+    assert old_cfg.lease is not None
+    create_lease(leases, ns, old_cfg.lease.name)
+    stream = Stream(kafka.bootstrap, base.input_topic, total=40_000, chunk=1000, pause_s=0.1)
+    stream.start()
+    old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
+    old = start_worker(old_cfg, old_log)
+    try:
+        wait_for_log(old_log, "first transaction committed")
+        time.sleep(TIMING.renew_every_s)  # a renew or two through the proxy
+        proxy.cut()
+        cut = time.time()
+        code = wait_exit(old, old_log, 30)
+    finally:
+        if old.poll() is None:
+            old.kill()
+    exited = time.time()
+    assert code == EXIT_FENCED, tail(old_log)
+    (line,) = fenced_lines(old_log)
+    assert "not renewed within the renew deadline" in line["message"], line
+    assert "Traceback" not in old_log.read_text()
+
+    # The "operator": wait until the Lease expired by its own renewTime + duration, then
+    # start the next epoch.
+    lease = leases.read_namespaced_lease(old_cfg.lease.name, ns)
+    assert lease.spec.holder_identity == old_cfg.lease.holder_identity
+    expires = expiry(lease).timestamp()
+    while time.time() < expires:
+        time.sleep(0.05)
+    new_cfg = with_lease(
+        base,
+        lease.spec.lease_transitions + 1,
+        kube_namespace.kubeconfig_path,
+        store=tmp_path / "new-volume",
+    )
+    new = start_worker(new_cfg, new_log)
+    try:
+        first = wait_for_log(new_log, "first transaction committed")
+        stream.join()
+        wait_committed(kafka.bootstrap, base.group, base.input_topic, len(stream.ids), new_log)
+    finally:
+        new.terminate()
+    assert wait_exit(new, new_log, 30) == 0, tail(new_log)
+
+    print(
+        f"cut {ts(cut)}; old: last commit {ts(line['last_commit'])}, exited {ts(exited)}; "
+        f"Lease expiry {ts(expires)}; new: first commit sent {ts(first['commit_sent'])}"
+    )
+    assert line["last_commit"] < expires <= first["commit_sent"]
+    assert exited < expires, "the old worker was gone before the Lease expired for others"
+    taken = leases.read_namespaced_lease(old_cfg.lease.name, ns)
+    assert taken.spec.lease_transitions == 2
+    assert output_ids(kafka.bootstrap, base.output_topic) == stream.expected
