@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Every option can be set by environment variable DEDUP_<OPTION> (upper case, "
             "dashes as underscores), e.g. DEDUP_BOOTSTRAP_SERVERS. Exit codes: 0 stopped "
-            "cleanly, 2 bad configuration, 3 fenced by a newer worker, 4 stopped on input "
-            "it may not drop, 5 store refused."
+            "cleanly, 2 bad configuration, 3 fenced (the partition's Lease or its "
+            "transactional id belongs to a newer worker, or the Lease could not be held), "
+            "4 stopped on input it may not drop, 5 store refused."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -273,12 +273,16 @@ class LeaseToken:
 
     def _renew_loop(self) -> None:
         delay = self.timing.renew_every_s
-        while not self._stop.wait(delay):
-            ok = self._renew_once()
-            if self._lost is not None:
-                return
-            # after a failure, try again sooner: several attempts fit in the deadline
-            delay = self.timing.renew_every_s if ok else self.timing.renew_every_s / 2
+        try:
+            while not self._stop.wait(delay):
+                ok = self._renew_once()
+                if self._lost is not None:
+                    return
+                # after a failure, try again sooner: several attempts fit in the deadline
+                delay = self.timing.renew_every_s if ok else self.timing.renew_every_s / 2
+        except Exception as exc:  # a bug must not leave a token that looks renewable
+            self._lost = f"renewing {self.where} failed unexpectedly: {exc!r}"
+            log.error("lease renewal stopped", extra={"lease": self.where, "error": repr(exc)})
 
     def _renew_once(self) -> bool:
         for _ in range(3):
