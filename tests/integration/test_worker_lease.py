@@ -20,8 +20,8 @@ from kubernetes import client
 
 from dedup_worker.cli import EXIT_FENCED
 from dedup_worker.config import LeaseSettings, WorkerConfig
-from dedup_worker.fencing import _micro_time
-from dedup_worker.lease import LeaseTiming
+from dedup_worker.fencing import Fenced, LeaseToken, _micro_time
+from dedup_worker.lease import Claim, LeaseTiming
 from support.fencing_helpers import (
     Stream,
     fenced_lines,
@@ -280,3 +280,52 @@ def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
     taken = leases.read_namespaced_lease(old_cfg.lease.name, ns)
     assert taken.spec.lease_transitions == 2
     assert output_ids(kafka.bootstrap, base.output_topic) == stream.expected
+
+
+# -- the LeaseToken shell alone, in this process, on the real API server ------------------
+
+
+def token(ns: KubeNamespace, name: str, epoch: int) -> LeaseToken:
+    claim = Claim(f"{name}-e{epoch}", epoch, LEASE_S)
+    return LeaseToken.connect(ns.name, name, claim, TIMING, ns.kubeconfig_path)
+
+
+def test_token_keeps_its_hold_through_other_writers_harmless_changes(
+    kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    create_lease(leases, kube_namespace.name, "p0")
+    mine = token(kube_namespace, "p0", 1)
+    assert mine.acquire(timeout_s=10)
+    mine.start_renewing()
+    try:
+        # the operator labels its Lease meanwhile: the next renew conflicts (409), re-reads,
+        # finds itself still the holder at its epoch, and renews on top
+        leases.patch_namespaced_lease(
+            "p0", kube_namespace.name, {"metadata": {"labels": {"touched": "yes"}}}
+        )
+        before = leases.read_namespaced_lease("p0", kube_namespace.name).spec.renew_time
+        time.sleep(TIMING.renew_deadline_s + TIMING.renew_every_s)
+        assert mine.held(), mine.why_not_held()
+        after = leases.read_namespaced_lease("p0", kube_namespace.name)
+        assert after.spec.renew_time > before
+        assert after.metadata.labels == {"app": "dedup-test", "touched": "yes"}
+    finally:
+        mine.release()
+    assert not mine.held()
+
+
+def test_token_waits_out_an_older_epochs_hold_and_is_refused_a_newer_one(
+    kube_namespace: KubeNamespace, leases: Any
+) -> None:
+    renewed = datetime.now(UTC)
+    create_lease(leases, kube_namespace.name, "p1", holder="p1-e1", transitions=1, renewed=renewed)
+    # a hold of epoch 1 renewed just now: epoch 2 waits until renewTime + duration
+    assert token(kube_namespace, "p1", 2).acquire(timeout_s=LEASE_S * 3)
+    assert datetime.now(UTC) >= renewed + timedelta(seconds=LEASE_S)
+    taken = leases.read_namespaced_lease("p1", kube_namespace.name)
+    assert (taken.spec.holder_identity, taken.spec.lease_transitions) == ("p1-e2", 2)
+    # ... whose live hold epoch 3 cannot wait out in 1 s, and epoch 1 may never take
+    with pytest.raises(Fenced, match="not taken within 1s: held by p1-e2"):
+        token(kube_namespace, "p1", 3).acquire(timeout_s=1)
+    with pytest.raises(Fenced, match="not ours to take: its epoch is 2"):
+        token(kube_namespace, "p1", 1).acquire(timeout_s=10)
