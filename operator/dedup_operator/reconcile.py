@@ -224,10 +224,29 @@ def _reconcile(
         p: _partition_status(p, pods_by_partition.get(p, []), d, previous_parts.get(p, {}))
         for p, d in decisions.items()
     }
-    if changed:
-        kube.patch_status(namespace, name, {"partitions": [s.to_status() for s in parts.values()]})
-
+    for p, d in decisions.items():
+        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
+            parts[p] = _with(
+                parts[p],
+                last_handover={**d.action.handover.to_status(), "toPod": d.action.pod},
+                last_failover=rfc3339(now),
+            )
+    # Nodes about to be tainted are recorded first: a restarted operator must know which
+    # taints are its own to lift.
     tainted = list(previous.get("taintedNodes") or [])
+    to_taint = [
+        d.action.node
+        for d in decisions.values()
+        if isinstance(d.action, TaintOutOfService) and d.action.node not in tainted
+    ]
+    tainted += sorted(set(to_taint))
+    if changed or to_taint:
+        kube.patch_status(
+            namespace,
+            name,
+            {"partitions": [s.to_status() for s in parts.values()], "taintedNodes": tainted},
+        )
+
     failovers = int(previous.get("failovers") or 0)
     for p, decision in decisions.items():
         action = decision.action
@@ -256,8 +275,6 @@ def _reconcile(
             )
         elif isinstance(action, TaintOutOfService):
             kube.taint_out_of_service(action.node)
-            if action.node not in tainted:
-                tainted.append(action.node)
             record(
                 "Warning",
                 "NodeOutOfService",
@@ -286,11 +303,6 @@ def _reconcile(
                 "Normal",
                 "FailoverCompleted" if h.reason != HandoverReason.SPEC_CHANGED else "RollCompleted",
                 f"partition {p}: {action.pod} is Ready after {seconds:.1f}s ({steps})",
-            )
-            parts[p] = _with(
-                parts[p],
-                last_handover={**h.to_status(), "toPod": action.pod},
-                last_failover=rfc3339(now),
             )
         elif isinstance(action, CancelHandover):
             record("Normal", "FailoverCancelled", f"partition {p}: {action.why}")

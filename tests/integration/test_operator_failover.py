@@ -1,0 +1,358 @@
+"""The operator's failover against the real control plane (apiserver, scheduler and every
+kube-controller-manager controller: taint eviction, pod GC, node lifecycle), with the
+kubelets' and workers' side played by the test: `Kubelets` heartbeats the nodes that are
+up, reports bound pods Running and Ready, finishes graceful deletions, and renews each
+running worker's Lease the way the worker does. No worker process runs here (the local
+cluster's end-to-end tests run real ones); what is tested is what the operator does:
+
+node lost -> decision recorded -> Lease expired -> node tainted out-of-service ->
+old pod force-deleted by pod GC -> replacement (next epoch) on another node -> Ready ->
+handover recorded with its steps; the taint is removed once the node is back. Killed
+in the middle and restarted, the operator completes the failover once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dedup_local.kafka import KafkaBroker
+from dedup_operator import names
+from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_operator.observed import format_micro_time, parse_time
+from support.kafka_fixtures import NewTopic
+from support.kube_fixtures import KubeCluster, KubeNamespace
+from support.operator_helpers import events, get_pipeline, running_operator, wait_for
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 3
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kubelets:
+    """The node agents and workers of a few fake nodes, in one thread."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, nodes: list[str], label: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.leases = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.nodes = nodes
+        self.label = label
+        self.up = set(nodes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[str] = []
+        self.volumes: list[str] = []
+        self._lock = threading.Lock()  # a lost node gets no late heartbeat
+
+    def create_volumes(self, pipeline: str, partitions: int) -> None:
+        """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
+        for p in range(partitions):
+            claim = names.volume_claim(pipeline, p)
+            self.core.create_persistent_volume(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"{self.namespace}-{claim}"[:63]},
+                    "spec": {
+                        "capacity": {"storage": "10Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "",
+                        "hostPath": {"path": f"/tmp/{self.namespace}/{claim}"},
+                        "claimRef": {"namespace": self.namespace, "name": claim},
+                        "persistentVolumeReclaimPolicy": "Delete",
+                    },
+                }
+            )
+            self.volumes.append(f"{self.namespace}-{claim}"[:63])
+
+    def create_nodes(self) -> None:
+        for name in self.nodes:
+            self.core.create_node(
+                client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={self.label: "yes"}))
+            )
+            self._report(name, True, transition=True)
+
+    def delete_nodes(self) -> None:
+        for name in self.volumes:
+            with contextlib.suppress(ApiException):
+                self.core.delete_persistent_volume(name)
+        for name in self.nodes:
+            with contextlib.suppress(ApiException):
+                self.core.delete_node(name)
+
+    def _report(self, node: str, ready: bool, transition: bool = False) -> None:
+        capacity = {"cpu": "8", "memory": "16Gi", "pods": "110"}
+        cond: dict[str, Any] = {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "reason": "KubeletReady" if ready else "KubeletStopped",
+            "lastHeartbeatTime": _now(),
+        }
+        if transition:
+            cond["lastTransitionTime"] = _now()
+        self.core.patch_node_status(
+            node,
+            {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [cond]}},
+        )
+
+    def lose(self, node: str) -> None:
+        """The node stops: no heartbeats, its pods stop renewing; reported NotReady."""
+        with self._lock:
+            self.up.discard(node)
+            self._report(node, False, transition=True)
+
+    def back(self, node: str) -> None:
+        with self._lock:
+            self.up.add(node)
+            self._report(node, True, transition=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                with self._lock:
+                    self._step()
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    self.errors.append(f"{exc.status} {exc.reason}")
+
+    def _step(self) -> None:
+        for node in list(self.up):
+            self._report(node, True)
+        pods = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
+        ).items
+        for pod in pods:
+            node = pod.spec.node_name
+            if node not in self.up:
+                continue
+            name = pod.metadata.name
+            if pod.metadata.deletion_timestamp is not None:
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+                continue
+            if pod.status.phase != "Running":
+                self.core.patch_namespaced_pod_status(
+                    name,
+                    self.namespace,
+                    {
+                        "status": {
+                            "phase": "Running",
+                            "conditions": [
+                                {"type": "Ready", "status": "True", "lastTransitionTime": _now()}
+                            ],
+                        }
+                    },
+                )
+            self._hold_lease(pod)
+
+    def _hold_lease(self, pod: Any) -> None:
+        """The worker's rule (CONTRACTS.md): take the Lease iff it is ours, or free or
+        expired with leaseTransitions < our epoch; then renew it."""
+        labels = pod.metadata.labels
+        epoch = int(labels[names.LABEL_EPOCH])
+        lease_name = names.lease(labels[names.LABEL_PIPELINE], int(labels[names.LABEL_PARTITION]))
+        lease = self.leases.read_namespaced_lease(lease_name, self.namespace)
+        spec = lease.spec
+        now = datetime.now(UTC)
+        renew = parse_time(spec.renew_time)
+        expired = (
+            not spec.holder_identity
+            or renew is None
+            or (now - renew).total_seconds() >= (spec.lease_duration_seconds or 0)
+        )
+        ours = spec.holder_identity == pod.metadata.name
+        if not ours and not (expired and (spec.lease_transitions or 0) < epoch):
+            return
+        body = {
+            "metadata": {"resourceVersion": lease.metadata.resource_version},
+            "spec": {
+                "holderIdentity": pod.metadata.name,
+                "leaseTransitions": epoch,
+                "renewTime": format_micro_time(now),
+                "leaseDurationSeconds": spec.lease_duration_seconds,
+            },
+        }
+        if not ours:
+            body["spec"]["acquireTime"] = format_micro_time(now)
+        self.leases.patch_namespaced_lease(lease_name, self.namespace, body)
+
+    def __enter__(self) -> Kubelets:
+        self.create_nodes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.delete_nodes()
+
+
+@pytest.fixture
+def kubelets(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
+    suffix = kube_namespace.name[-6:]
+    with Kubelets(
+        kube_namespace.api_client,
+        kube_namespace.name,
+        [f"fo-a-{suffix}", f"fo-b-{suffix}"],
+        f"dedup.io/failover-test-{suffix}",
+    ) as k:
+        k.create_volumes("events", 2)
+        yield k
+
+
+def pipeline(bootstrap: str, topic: str, label: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": "events"},
+        "spec": {
+            "kafka": {
+                "bootstrapServers": bootstrap,
+                "inputTopic": topic,
+                "outputTopic": f"{topic}-o",
+            },
+            "partitions": 2,
+            "messageId": {"source": "key"},
+            "window": {"maxKeys": 1000},
+            "worker": {"nodeSelector": {label: "yes"}},
+            "failover": {"nodeLostAfter": "3s", "leaseDuration": f"{LEASE_S}s"},
+        },
+    }
+
+
+def entry(api: client.ApiClient, ns: str, p: int) -> dict[str, Any]:
+    found = get_pipeline(api, ns, "events") or {}
+    for e in (found.get("status") or {}).get("partitions") or []:
+        if e["partition"] == p:
+            return dict(e)
+    return {}
+
+
+def taints(api: client.ApiClient, node: str) -> list[str]:
+    n = client.CoreV1Api(api).read_node(node)
+    return [t.key for t in (n.spec.taints or [])]
+
+
+def _fail_over(
+    ns: KubeNamespace,
+    kubelets: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+    kill_at: str | None,
+) -> None:
+    api = ns.api_client
+    topic = new_topic(partitions=2)
+    log = tmp_path / "operator.log"
+    op_ctx = running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5)
+    op = op_ctx.__enter__()
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns.name,
+            names.PLURAL,
+            pipeline(kafka.bootstrap, topic, kubelets.label),
+        )
+
+        def ready() -> bool:
+            p = get_pipeline(api, ns.name, "events") or {}
+            return (p.get("status") or {}).get("readyPartitions") == 2
+
+        wait_for(ready, 90, "both partitions Ready")
+        before = entry(api, ns.name, 0)
+        lost = before["node"]
+        assert before["epoch"] == 1
+        t0 = time.monotonic()
+        kubelets.lose(lost)
+
+        if kill_at is not None:
+
+            def reached() -> bool:
+                h = entry(api, ns.name, 0).get("handover") or {}
+                return kill_at in (h.get("steps") or {})
+
+            wait_for(reached, 90, f"the handover to reach {kill_at}", every=0.2)
+            op.kill()
+            op_ctx.__exit__(None, None, None)
+            op_ctx = running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5)
+            op = op_ctx.__enter__()
+
+        def moved() -> dict[str, Any] | None:
+            e = entry(api, ns.name, 0)
+            return e if e.get("ready") and e.get("node") != lost and not e.get("handover") else None
+
+        after = wait_for(moved, 120, "partition 0 to run on the other node", every=0.5)
+        took = time.monotonic() - t0
+        print(f"failover took {took:.1f}s; steps {after['lastHandover']['steps']}")
+        assert after["epoch"] == 2 and after["pod"] == "events-p0-e2"
+        assert after["lastHandover"]["reason"] == "NodeLost"
+        steps = after["lastHandover"]["steps"]
+        order = ["fenced", "released", "detached", "started", "ready"]
+        assert set(steps) == set(order), steps
+        assert all(steps[a] <= steps[b] for a, b in itertools.pairwise(order)), steps
+        lease = client.CoordinationV1Api(api).read_namespaced_lease("events-p0", ns.name)
+        assert lease.spec.holder_identity == "events-p0-e2"
+        assert lease.spec.lease_transitions == 2
+        # the lost node was tainted out-of-service to release the volume
+        assert OUT_OF_SERVICE_TAINT in taints(api, lost)
+        reasons = [e[1] for e in events(api, ns.name, "events")]
+        assert reasons.count("FailoverStarted") == 1, reasons
+        assert reasons.count("FailoverCompleted") == 1, reasons
+        if kill_at is None:  # a killed operator may have tainted but not told
+            assert "NodeOutOfService" in reasons
+        pods = client.CoreV1Api(api).list_namespaced_pod(ns.name).items
+        assert sorted(p.metadata.name for p in pods) == ["events-p0-e2", "events-p1-e1"]
+        status = (get_pipeline(api, ns.name, "events") or {})["status"]
+        assert status["failovers"] == 1 and status["phase"] == "Running"
+        assert (
+            f'dedup_operator_failovers_total{{namespace="{ns.name}",pipeline="events",reason="NodeLost"}} 1.0'
+            in op.metrics()
+            or kill_at
+        )
+
+        # the node comes back: holding none of the pipeline's volumes, it is untainted
+        kubelets.back(lost)
+        wait_for(lambda: OUT_OF_SERVICE_TAINT not in taints(api, lost), 30, "taint removal")
+        assert "NodeBackInService" in [e[1] for e in events(api, ns.name, "events")]
+        assert not kubelets.errors, kubelets.errors
+    finally:
+        op_ctx.__exit__(None, None, None)
+
+
+def test_lost_node_partition_moves_to_the_other_node(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kubelets: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    _fail_over(kube_namespace, kubelets, kafka, new_topic, tmp_path, None)
+
+
+@pytest.mark.parametrize("kill_at", ["fenced", "released"])
+def test_operator_killed_mid_failover_completes_it_once(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kubelets: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+    kill_at: str,
+) -> None:
+    _fail_over(kube_namespace, kubelets, kafka, new_topic, tmp_path, kill_at)
