@@ -356,3 +356,58 @@ def test_operator_killed_mid_failover_completes_it_once(
     kill_at: str,
 ) -> None:
     _fail_over(kube_namespace, kubelets, kafka, new_topic, tmp_path, kill_at)
+
+
+def test_spec_change_rolls_one_partition_at_a_time(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kubelets: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns, api = kube_namespace, kube_namespace.api_client
+    topic = new_topic(partitions=2)
+    log = tmp_path / "operator.log"
+    with running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5):
+        custom = client.CustomObjectsApi(api)
+        custom.create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns.name,
+            names.PLURAL,
+            pipeline(kafka.bootstrap, topic, kubelets.label),
+        )
+
+        def ready(epochs: list[int]) -> bool:
+            p = get_pipeline(api, ns.name, "events") or {}
+            status = p.get("status") or {}
+            return (
+                status.get("readyPartitions") == 2
+                and [e["epoch"] for e in status.get("partitions", [])] == epochs
+            )
+
+        wait_for(lambda: ready([1, 1]), 90, "both partitions Ready at epoch 1")
+        custom.patch_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns.name,
+            names.PLURAL,
+            "events",
+            {"spec": {"worker": {"batchSize": 100}}},
+            _content_type="application/merge-patch+json",
+        )
+        wait_for(lambda: ready([2, 2]), 120, "both partitions rolled to epoch 2")
+        found = get_pipeline(api, ns.name, "events") or {}
+        assert found["status"]["observedGeneration"] == 2
+        pod = client.CoreV1Api(api).read_namespaced_pod("events-p0-e2", ns.name)
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert env["DEDUP_BATCH_SIZE"] == "100"
+    rolls = [
+        (line.split('"reason": "')[1].split('"')[0], line.split("partition ")[1][0])
+        for line in log.read_text().splitlines()
+        if '"reason": "Roll' in line
+    ]
+    # one partition at a time: each roll completes before the next starts
+    assert [r for r, _ in rolls] == ["RollStarted", "RollCompleted"] * 2, rolls
+    assert rolls[0][1] == rolls[1][1] and rolls[2][1] == rolls[3][1] != rolls[0][1], rolls
