@@ -249,3 +249,65 @@ def test_delete_keeps_volumes_only_when_asked(
         assert not pvc.metadata.owner_references
         with pytest.raises(ApiException):
             core.read_namespaced_service("kept-workers", ns.name)
+
+
+def test_worker_rbac_reaches_its_leases_and_nothing_else(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    topic = new_topic(partitions=2)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
+        create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
+        create(ns, pipeline_body("other", kafka.bootstrap, topic, 2))
+        for name in ("events", "other"):
+            wait_for(lambda n=name: len(listed(ns, "lease", n)) == 2, 60, f"{name}'s Leases")
+            wait_for(lambda n=name: _has_binding(ns, f"{n}-worker"), 60, f"{name}'s RoleBinding")
+    core = client.CoreV1Api(ns.api_client)
+    token = core.create_namespaced_service_account_token(
+        "events-worker", ns.name, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = client.Configuration()
+    admin = ns.api_client.configuration
+    config.host, config.ssl_ca_cert, config.verify_ssl = (
+        admin.host,
+        admin.ssl_ca_cert,
+        admin.verify_ssl,
+    )
+    config.api_key = {"authorization": f"Bearer {token}"}
+    worker = client.ApiClient(config)
+    leases = client.CoordinationV1Api(worker)
+    own = leases.read_namespaced_lease("events-p1", ns.name)
+    own.spec.holder_identity = "events-p1-e1"
+    leases.replace_namespaced_lease("events-p1", ns.name, own)  # renew: allowed
+    leases.patch_namespaced_lease("events-p0", ns.name, {"spec": {"leaseTransitions": 0}})
+
+    def forbidden(call: Any) -> bool:
+        try:
+            call()
+        except ApiException as exc:
+            return bool(exc.status == 403)
+        return False
+
+    assert forbidden(lambda: leases.read_namespaced_lease("other-p0", ns.name))
+    assert forbidden(lambda: leases.list_namespaced_lease(ns.name))
+    assert forbidden(lambda: leases.delete_namespaced_lease("events-p0", ns.name))
+    assert forbidden(
+        lambda: leases.create_namespaced_lease(
+            ns.name, {"metadata": {"name": "events-p9"}, "spec": {}}
+        )
+    )
+    assert forbidden(lambda: client.CoreV1Api(worker).list_namespaced_pod(ns.name))
+    assert forbidden(lambda: client.CoreV1Api(worker).list_namespaced_secret(ns.name))
+    worker.close()  # type: ignore[no-untyped-call]
+
+
+def _has_binding(ns: KubeNamespace, name: str) -> bool:
+    try:
+        client.RbacAuthorizationV1Api(ns.api_client).read_namespaced_role_binding(name, ns.name)
+    except ApiException:
+        return False
+    return True
