@@ -233,3 +233,36 @@ def test_pipeline_objects() -> None:
     for obj in objects.values():
         assert obj["metadata"]["ownerReferences"][0]["kind"] == "DedupPipeline"
         assert obj["metadata"]["labels"][names.LABEL_MANAGED_BY] == "dedup-operator"
+
+
+def test_the_pod_env_is_a_valid_worker_configuration(monkeypatch: Any) -> None:
+    """What the worker makes of the pod's environment (downward API values filled in
+    as the kubelet would) is the configuration the spec asks for."""
+    from dedup_worker.cli import config_from_args
+
+    pod = worker_pod(spec(), 2, 3, OWNER)
+    downward = {
+        "metadata.name": "events-p2-e3",
+        "metadata.namespace": "analytics",
+        "status.podIP": "10.0.0.7",
+    }
+    for e in pod["spec"]["containers"][0]["env"]:
+        if "value" in e:
+            monkeypatch.setenv(e["name"], e["value"])
+        else:
+            monkeypatch.setenv(e["name"], downward[e["valueFrom"]["fieldRef"]["fieldPath"]])
+    config = config_from_args(build_parser().parse_args([]))
+    assert config.partition == 2 and config.pipeline == "events"
+    assert config.namespace == "analytics"
+    assert config.group == "dedup-events"
+    assert str(config.store_path) == "/var/lib/dedup/store"
+    assert config.store.lookup_threads == 3
+    assert config.window.max_keys == 1000000
+    assert config.lease is not None
+    assert (config.lease.name, config.lease.holder_identity, config.lease.epoch) == (
+        "events-p2",
+        "events-p2-e3",
+        3,
+    )
+    assert config.lease.duration_s == 5
+    assert config.metrics_port == 9400
