@@ -199,12 +199,12 @@ class LeaseToken:
             try:
                 lease = self._read_or_create()
                 record = _record(lease)
+                sent = self._monotonic()  # before the renewTime we may write: never later
                 now = self._wall()
                 decision = decide(record, self.claim, now)
                 if isinstance(decision, Superseded):
                     raise Fenced(f"{self.where} is not ours to take: {decision.reason}")
                 if isinstance(decision, Acquire):
-                    sent = self._monotonic()
                     self._write(lease, taken(record, self.claim, now))
                     self._held_until = self.timing.held_until(sent)
                     log.info(
