@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from dedup_local.paths import free_port
 from dedup_worker.cli import EXIT_FENCED
 from support.fencing_helpers import (
-    Stream,
+    Streams,
     fenced_lines,
     http_status,
     tail,
@@ -30,14 +31,22 @@ from support.worker_helpers import output_ids, start_worker, unique, worker_conf
 pytestmark = pytest.mark.integration
 
 
-def test_zombie_fenced_while_producing_exits_3_with_one_line(kafka: Any, tmp_path: Path) -> None:
+@pytest.fixture
+def streams() -> Iterator[Streams]:
+    """Input streams started by the test, stopped at its end whatever happens."""
+    with Streams() as started:
+        yield started
+
+
+def test_zombie_fenced_while_producing_exits_3_with_one_line(
+    kafka: Any, tmp_path: Path, streams: Streams
+) -> None:
     name = unique("fence")
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", 1)
     # Big batches: the old worker spends most of its time inside produce() calls.
     cfg = worker_config(kafka.bootstrap, tmp_path, name, batch_size=5000, linger_ms=200)
-    stream = Stream(kafka.bootstrap, cfg.input_topic, total=60_000, chunk=3000, pause_s=0.1)
-    stream.start()
+    stream = streams.start(kafka.bootstrap, cfg.input_topic, chunk=3000, pause_s=0.1)
     port = free_port()
     old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
     old = start_worker(replace(cfg, metrics_address="127.0.0.2"), old_log, metrics_port=port)
@@ -61,7 +70,7 @@ def test_zombie_fenced_while_producing_exits_3_with_one_line(kafka: Any, tmp_pat
         # the new worker serves its probes on the same port of its own address
         wait_for_log(new_log, "worker ready")
         assert http_status(f"http://127.0.0.3:{port}/healthz") == 200, tail(new_log)
-        stream.join()
+        stream.stop()
         wait_committed(kafka.bootstrap, cfg.group, cfg.input_topic, len(stream.ids), new_log)
     finally:
         for proc in (old, new):

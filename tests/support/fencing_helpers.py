@@ -19,40 +19,72 @@ from support.worker_helpers import event
 
 
 class Stream:
-    """Produces `total` events to partition 0 of `topic` in chunks from a thread, every
-    `every`-th a repeat of an id ten back, so that a worker is busy when it is fenced.
-    `expected` is the exact output: first occurrences in input order."""
+    """Produces events to partition 0 of `topic` from a thread, `chunk` every `pause_s`,
+    until stopped (or `limit`), every tenth a repeat of the id five back: input that keeps
+    coming while workers are fenced and replaced. `expected` is the exact output: first
+    occurrences in input order."""
 
     def __init__(
-        self, bootstrap: str, topic: str, total: int, chunk: int = 1000, pause_s: float = 0.05
+        self,
+        bootstrap: str,
+        topic: str,
+        chunk: int = 250,
+        pause_s: float = 0.2,
+        limit: int = 200_000,
     ) -> None:
-        self.ids = [f"s{i - 10}" if i % 10 == 9 else f"s{i}" for i in range(total)]
-        self.expected = list(dict.fromkeys(self.ids))
+        self.ids: list[str] = []
         self._bootstrap, self._topic = bootstrap, topic
-        self._chunk, self._pause_s = chunk, pause_s
-        self.produced = 0
+        self._chunk, self._pause_s, self._limit = chunk, pause_s, limit
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stream", daemon=True)
+
+    @property
+    def expected(self) -> list[str]:
+        return list(dict.fromkeys(self.ids))
 
     def start(self) -> Stream:
         self._thread.start()
         return self
 
-    def join(self, timeout_s: float = 120) -> None:
+    def stop(self, timeout_s: float = 60) -> None:
+        """Stop after the chunk in hand; everything in `ids` is then in the topic."""
+        self._stop.set()
         self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the input stream did not finish"
-        assert self.produced == len(self.ids)
+        assert not self._thread.is_alive(), "the input stream did not stop"
 
     def _run(self) -> None:
         producer = Producer(
             {"bootstrap.servers": self._bootstrap, "linger.ms": 5, "enable.idempotence": True}
         )
-        for start in range(0, len(self.ids), self._chunk):
-            part = self.ids[start : start + self._chunk]
+        while not self._stop.is_set() and len(self.ids) < self._limit:
+            first = len(self.ids)
+            part = [
+                f"s{i - 5}" if i % 10 == 9 else f"s{i}" for i in range(first, first + self._chunk)
+            ]
             for n, message_id in enumerate(part):
-                producer.produce(self._topic, event(message_id, start + n), partition=0)
-            producer.flush(30)
-            self.produced += len(part)
-            time.sleep(self._pause_s)
+                producer.produce(self._topic, event(message_id, first + n), partition=0)
+            assert producer.flush(30) == 0, "input not delivered"
+            self.ids += part
+            self._stop.wait(self._pause_s)
+
+
+class Streams:
+    """The streams of one test, all stopped when it ends (a failed assertion included)."""
+
+    def __init__(self) -> None:
+        self._started: list[Stream] = []
+
+    def start(self, bootstrap: str, topic: str, **kw: Any) -> Stream:
+        stream = Stream(bootstrap, topic, **kw).start()
+        self._started.append(stream)
+        return stream
+
+    def __enter__(self) -> Streams:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in self._started:
+            stream.stop()
 
 
 def log_records(path: Path) -> list[dict[str, Any]]:
