@@ -1,8 +1,8 @@
 """A standalone worker fenced by a newer one on the same transactional id exits with the
-documented code (3) and one log line, however the fence reaches it — here mostly while it
-is producing a batch (`produce` answering `_FATAL`), as a new user running two workers by
-hand saw it happen. Both run as real processes, their metrics on one port of two
-loopback addresses."""
+documented code (3) and one log line, however the fence reaches it: while producing a
+batch (`produce` answering `_FATAL`, as a new user running two workers by hand saw it
+happen) or committing one. All workers run as real processes; two serve their metrics on
+one port of two loopback addresses."""
 
 from __future__ import annotations
 
@@ -26,7 +26,14 @@ from support.fencing_helpers import (
     wait_exit,
     wait_for_log,
 )
-from support.worker_helpers import output_ids, start_worker, unique, worker_config
+from support.worker_helpers import (
+    event,
+    output_ids,
+    produce,
+    start_worker,
+    unique,
+    worker_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +45,62 @@ def streams() -> Iterator[Streams]:
         yield started
 
 
-def test_zombie_fenced_while_producing_exits_3_with_one_line(
-    kafka: Any, tmp_path: Path, streams: Streams
-) -> None:
+def pipeline(kafka: Any) -> str:
     name = unique("fence")
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", 1)
-    # Big batches: the old worker spends most of its time inside produce() calls.
-    cfg = worker_config(kafka.bootstrap, tmp_path, name, batch_size=5000, linger_ms=200)
+    return name
+
+
+def assert_fenced_once(proc: subprocess.Popen[bytes], log: Path) -> str:
+    """The worker exits 3, no traceback, one ERROR line `fenced: ...`; its message."""
+    code = wait_exit(proc, log, timeout_s=60)
+    text = log.read_text(errors="replace")
+    assert code == EXIT_FENCED, text
+    assert "Traceback" not in text, text
+    lines = fenced_lines(log)
+    assert len(lines) == 1, text
+    assert "another worker took over" in lines[0]["message"]
+    assert lines[0]["exit_code"] == EXIT_FENCED
+    print("old worker:", lines[0]["message"])
+    return str(lines[0]["message"])
+
+
+def test_zombie_learning_of_the_fence_from_produce_exits_3_with_one_line(
+    kafka: Any, tmp_path: Path
+) -> None:
+    # The case a new user met: the old worker, idle (no transaction open), is fenced at
+    # the broker by a newer one; the next input makes it begin a transaction and produce,
+    # and the broker's answer turns its produce() calls into `_FATAL` mid-batch.
+    cfg = worker_config(
+        kafka.bootstrap, tmp_path, pipeline(kafka), batch_size=20_000, linger_ms=500
+    )
+    ids = [f"f{i}" for i in range(45_000)]
+    produce(kafka.bootstrap, cfg.input_topic, (event(i) for i in ids[:5000]))
+    old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
+    old = start_worker(cfg, old_log)
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        wait_committed(kafka.bootstrap, cfg.group, cfg.input_topic, 5000, old_log)
+        new = start_worker(replace(cfg, store_path=tmp_path / "new-volume"), new_log)
+        wait_for_log(new_log, "worker ready")  # init_transactions done: old is fenced
+        produce(kafka.bootstrap, cfg.input_topic, (event(i) for i in ids[5000:]))
+        message = assert_fenced_once(old, old_log)
+        assert "learned during produce" in message
+        wait_committed(kafka.bootstrap, cfg.group, cfg.input_topic, len(ids), new_log)
+    finally:
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+    assert new is not None and wait_exit(new, new_log, 30) == 0, tail(new_log)
+    assert output_ids(kafka.bootstrap, cfg.output_topic) == ids
+
+
+def test_zombie_fenced_while_busy_exits_3_with_one_line(
+    kafka: Any, tmp_path: Path, streams: Streams
+) -> None:
+    # Input flows; the fence reaches the old worker wherever it is (produce or commit).
+    cfg = worker_config(kafka.bootstrap, tmp_path, pipeline(kafka), batch_size=5000, linger_ms=200)
     stream = streams.start(kafka.bootstrap, cfg.input_topic, chunk=3000, pause_s=0.1)
     port = free_port()
     old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
@@ -57,15 +112,7 @@ def test_zombie_fenced_while_producing_exits_3_with_one_line(
         # at the broker; it rebuilds its window from the output topic.
         new_cfg = replace(cfg, store_path=tmp_path / "new-volume", metrics_address="127.0.0.3")
         new = start_worker(new_cfg, new_log, metrics_port=port)
-        code = wait_exit(old, old_log, timeout_s=60)
-        old_text = old_log.read_text(errors="replace")
-        assert code == EXIT_FENCED, old_text
-        assert "Traceback" not in old_text, old_text
-        lines = fenced_lines(old_log)
-        assert len(lines) == 1, old_text
-        assert "another worker took over" in lines[0]["message"]
-        assert lines[0]["exit_code"] == EXIT_FENCED
-        print("old worker learned of the fence:", lines[0]["message"])
+        assert_fenced_once(old, old_log)
 
         # the new worker serves its probes on the same port of its own address
         wait_for_log(new_log, "worker ready")

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from dedup_local import kafka as local_kafka
 from support.worker_helpers import event
@@ -129,7 +129,12 @@ def fenced_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def committed_input(bootstrap: str, group: str, topic: str) -> int:
-    return int(local_kafka.committed_offsets(bootstrap, group, topic, [0])[0])
+    """The group's committed offset of partition 0; -1 while the broker cannot tell yet
+    (a fresh broker answers NOT_COORDINATOR while it loads its offsets topic)."""
+    try:
+        return int(local_kafka.committed_offsets(bootstrap, group, topic, [0])[0])
+    except KafkaException:
+        return -1
 
 
 def wait_committed(

@@ -174,7 +174,7 @@ class DedupWorker:
         try:
             self.producer.init_transactions(60)
         except KafkaException as exc:
-            self._raise_if_fenced(exc)
+            self._raise_if_fenced(exc, "init_transactions")
             raise
         self.consumer = Consumer(self._consumer_settings())
         rebuild_from = None
@@ -386,7 +386,7 @@ class DedupWorker:
                     dl.record.timestamp()[1],
                 )
         except KafkaException as exc:
-            self._raise_if_fenced(exc)
+            self._raise_if_fenced(exc, "produce (begin_transaction, produce)")
             raise
 
     def _commit(self, batch: _Batch) -> bool:
@@ -408,14 +408,16 @@ class DedupWorker:
             sent = time.time()
             producer.commit_transaction()
         except KafkaException as exc:
-            self._raise_if_fenced(exc)
+            self._raise_if_fenced(
+                exc, "commit (flush, send_offsets_to_transaction, commit_transaction)"
+            )
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.txn_requires_abort():
                 log.warning("transaction aborted; redoing the batch", extra={"error": err.str()})
                 try:
                     producer.abort_transaction(30)
                 except KafkaException as abort_exc:
-                    self._raise_if_fenced(abort_exc)
+                    self._raise_if_fenced(abort_exc, "abort_transaction")
                     raise
                 self.metrics.aborts.inc()
                 return False
@@ -453,7 +455,7 @@ class DedupWorker:
             self.metrics.fencing_events.inc()
         return Fenced(f"partition {self.config.partition} of {self.config.pipeline}: {reason}")
 
-    def _raise_if_fenced(self, exc: KafkaException) -> None:
+    def _raise_if_fenced(self, exc: KafkaException, during: str = "a Kafka call") -> None:
         """Raise Fenced if `exc` says the producer is fenced or fatally failed, however the
         call learned it: the transactional calls return the fatal error itself, while
         `produce` only says `_FATAL` ("Unable to produce message"), the reason being
@@ -472,7 +474,7 @@ class DedupWorker:
         cause = self._fatal if code == KafkaError._FATAL and self._fatal is not None else err
         raise self._fenced(
             f"another worker took over transactional id {self.config.transactional_id} "
-            f"({cause.str()}); this one must stop"
+            f"({cause.str()}; learned during {during}); this one must stop"
         ) from exc
 
     def _on_kafka_error(self, err: KafkaError | None) -> None:
