@@ -148,7 +148,7 @@ class LeaseToken:
         self._errors = _api_errors()
         self._lease: Any = None  # the V1Lease as last read or written
         self._held_until: float | None = None
-        self._lost: str | None = None  # taken over: never held again
+        self._lost: str | None = None  # taken over (or renewing broke): never held again
         self._last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
