@@ -19,7 +19,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from dedup_worker.cli import EXIT_FENCED
+from dedup_local.paths import free_port
+from dedup_worker.cli import EXIT_FENCED, main
 from dedup_worker.config import LeaseSettings, WorkerConfig
 from dedup_worker.fencing import Fenced, LeaseToken, _micro_time
 from dedup_worker.lease import Claim, LeaseTiming
@@ -337,3 +338,43 @@ def test_token_waits_out_an_older_epochs_hold_and_is_refused_a_newer_one(
         token(kube_namespace, "p1", 3).acquire(timeout_s=1)
     with pytest.raises(Fenced, match="not ours to take: its epoch is 2"):
         token(kube_namespace, "p1", 1).acquire(timeout_s=10)
+
+
+def test_worker_that_cannot_reach_the_api_server_at_start_exits_fenced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "nowhere.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": f"https://127.0.0.1:{free_port()}",  # nobody listens
+                            "insecure-skip-tls-verify": True,
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    store = tmp_path / "store"
+    argv = [
+        "--bootstrap-servers", "127.0.0.1:1",
+        "--input-topic", "in", "--output-topic", "out", "--partition", "0",
+        "--pipeline", "p", "--store-path", str(store), "--window-duration", "1h",
+        "--metrics-port", "0", "--log-format", "text",
+        "--lease-name", "p-p0", "--epoch", "1", "--lease-duration", "3s",
+        "--lease-acquire-timeout", "2s", "--kubeconfig", str(kubeconfig),
+    ]  # fmt: skip
+    assert main(argv) == EXIT_FENCED
+    err = capsys.readouterr().err
+    assert "fenced: Lease default/p-p0 not taken within 2s: API server: " in err, err
+    assert "Traceback" not in err
+    assert not store.exists()

@@ -165,3 +165,13 @@ def test_lease_without_api_server_config_is_a_configuration_error(
     assert "set --kubeconfig" in capsys.readouterr().err
     assert main([*argv, "--kubeconfig", str(tmp_path / "none")]) == EXIT_CONFIG
     assert "no such file" in capsys.readouterr().err
+
+
+def test_in_cluster_without_a_service_account_token_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    argv = [*BASE, "--metrics-port", "0", "--lease-name", "p3", "--epoch", "1"]
+    assert main(argv) == EXIT_CONFIG
+    assert "cannot configure the API client" in capsys.readouterr().err
