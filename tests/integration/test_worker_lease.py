@@ -221,6 +221,9 @@ def test_worker_whose_lease_is_taken_over_stops_and_the_next_epoch_finishes_exac
         new.terminate()
     assert wait_exit(new, new_log, 30) == 0, tail(new_log)
     assert output_ids(kafka.bootstrap, base.output_topic) == stream.expected
+    final = leases.read_namespaced_lease(old_cfg.lease.name, ns)
+    assert final.spec.holder_identity == f"{old_cfg.lease.name}-e2"
+    assert final.spec.lease_transitions == 2
 
 
 def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
