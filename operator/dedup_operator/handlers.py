@@ -61,12 +61,7 @@ def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
 
 
 def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
-    # Read afresh: the status the previous pass wrote (handover records) must be seen
-    # even if a watch has not delivered it yet.
-    body = kube.pipeline(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return
-    reconcile(kube, body, recorder(kube, body), RUNTIME.settings)
+    reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
 
 
 def resync_forever() -> None:
@@ -83,7 +78,7 @@ def resync_forever() -> None:
             if meta.get("deletionTimestamp"):
                 continue
             try:
-                reconcile(kube, body, recorder(kube, body), RUNTIME.settings)
+                reconcile_one(kube, meta["namespace"], meta["name"])
             except Exception as exc:  # one bad pass must not stop the loop
                 log.exception("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 
@@ -132,7 +127,7 @@ def _retains_volumes(spec: Mapping[str, Any], **_: Any) -> bool:
 def keep_volumes(body: kopf.Body, name: str, namespace: str, uid: str, **_: Any) -> None:
     kube = _kube()
     kept = kube.release_volume_claims(namespace, name)
-    forget(namespace, name, uid)
+    forget(namespace, name)
     if kept:
         kube.event(
             body,

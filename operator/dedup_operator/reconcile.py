@@ -75,40 +75,49 @@ class _Memory:
     """What one operator process remembers between passes (all of it re-derivable)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
+    uid: str | None = None
     ensured: tuple[int, float] | None = None  # (generation, monotonic time)
     topic: tuple[tuple[Any, ...], float, TopicCheck] | None = None
 
 
-_memories: dict[tuple[str, str, str], _Memory] = {}
+_memories: dict[tuple[str, str], _Memory] = {}
 _memories_lock = threading.Lock()
 
 
-def _memory(namespace: str, name: str, uid: str) -> _Memory:
+def _memory(namespace: str, name: str) -> _Memory:
     with _memories_lock:
-        return _memories.setdefault((namespace, name, uid), _Memory())
+        return _memories.setdefault((namespace, name), _Memory())
 
 
-def forget(namespace: str, name: str, uid: str) -> None:
+def forget(namespace: str, name: str) -> None:
     with _memories_lock:
-        _memories.pop((namespace, name, uid), None)
+        _memories.pop((namespace, name), None)
 
 
 def reconcile(
     kube: Kube,
-    body: Mapping[str, Any],
-    record: Recorder,
+    namespace: str,
+    name: str,
+    recorder: Callable[[Mapping[str, Any]], Recorder],
     settings: ReconcileSettings,
-) -> dict[str, Any]:
-    """One pass; returns the status written."""
-    meta = body["metadata"]
-    memory = _memory(meta["namespace"], meta["name"], meta["uid"])
+) -> dict[str, Any] | None:
+    """One pass over pipeline namespace/name; returns the status written (None if the
+    pipeline is gone or being deleted). Passes over one pipeline never overlap, and
+    each reads the pipeline afresh inside its turn: the handover records the previous
+    pass wrote are always seen."""
+    memory = _memory(namespace, name)
     with memory.lock, metrics.RECONCILE_SECONDS.time():
+        body = kube.pipeline(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        if memory.uid != body["metadata"]["uid"]:  # a new pipeline of the same name
+            memory.uid, memory.ensured, memory.topic = body["metadata"]["uid"], None, None
         try:
-            status = _reconcile(kube, body, record, settings, memory)
+            status = _reconcile(kube, body, recorder(body), settings, memory)
         except Exception:
-            metrics.RECONCILES.labels(meta["namespace"], meta["name"], "error").inc()
+            metrics.RECONCILES.labels(namespace, name, "error").inc()
             raise
-        metrics.RECONCILES.labels(meta["namespace"], meta["name"], status["_result"]).inc()
+        metrics.RECONCILES.labels(namespace, name, status["_result"]).inc()
         status.pop("_result")
         return status
 
@@ -394,7 +403,8 @@ def _reconcile(
         "conditions": merge_conditions(previous_conditions, conditions, generation, now),
         "partitions": [e.to_status() for e in entries],
     }
-    kube.patch_status(namespace, name, status)
+    if any(previous.get(key) != value for key, value in status.items()):
+        kube.patch_status(namespace, name, status)  # unchanged status: no write, no event
     return {**status, "_result": "ok"}
 
 
