@@ -14,8 +14,8 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
                   the old worker (renew deadline < duration) has stopped committing;
 2. **released** - the old pod is gone. After node loss: the lost node gets the
                   `node.kubernetes.io/out-of-service` taint (Kubernetes' non-graceful
-                  node shutdown: taint eviction deletes the pod, pod GC force-deletes it,
-                  the attach/detach controller detaches at once), or with
+                  node shutdown) and the operator force-deletes the pod, as pod GC would
+                  on its next pass; the attach/detach controller detaches at once), or with
                   `WaitForDetach` the operator force-deletes its own pod and waits for
                   the controller's own force-detach (6 minutes). Otherwise the old pod
                   is deleted gracefully;
@@ -384,7 +384,10 @@ def _release(
     node = obs.nodes.get(h.from_node) if h.from_node else None
     if node is not None and not node.out_of_service:
         return TaintOutOfService(node.name)
-    return Steady(waiting_for=f"pod garbage collection of {', '.join(names)}")
+    # The node is out of service (or gone) and the worker fenced: force-delete the pod
+    # now, as pod GC would on its next pass (every 20 s); with the taint on the node the
+    # attach/detach controller then detaches at once.
+    return DeletePods(names, force=True, why="its node is out of service")
 
 
 def remove_out_of_service_taint(node: NodeView, volumes_attached_here: int) -> bool:

@@ -126,10 +126,10 @@ def test_full_node_loss_handover_with_out_of_service_taint() -> None:
     assert d.action == TaintOutOfService("a")
     assert d.handover is not None and d.handover.steps == {"fenced": 3.0}
     h = d.handover
-    # 3. tainted: wait for pod GC to remove the pod
+    # 3. tainted: force-delete the pod (as pod GC would)
     tainted = {**lost, "a": node("a", "Unknown", since=0, oos=True)}
     d = partition_action(obs(nodes=tainted, handover=h, lease=expired), POLICY, s(14))
-    assert isinstance(d.action, Steady) and "garbage collection" in (d.action.waiting_for or "")
+    assert d.action == DeletePods(("events-p0-e1",), force=True, why="its node is out of service")
     # 4. pod gone, VolumeAttachment still there: wait
     va = AttachmentView("csi-x", "a", True)
     d = partition_action(
