@@ -67,6 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-address", default="0.0.0.0", help="address of the operator's /metrics"
     )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of the Lease dedup-operator-leader that elects the one acting "
+        "replica (default: $POD_NAMESPACE, else the first --namespace, else default)",
+    )
+    p.add_argument(
+        "--leader-lease-duration", type=int, default=15, help="seconds of the leader Lease"
+    )
+    p.add_argument(
+        "--no-leader-election",
+        action="store_true",
+        help="act without electing a leader (only when one replica runs)",
+    )
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING"], default="INFO")
     return p
@@ -126,9 +140,10 @@ def _configure_logging(fmt: str, level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.interval <= 0 or args.topic_check_interval <= 0:
+    if args.interval <= 0 or args.topic_check_interval <= 0 or args.leader_lease_duration < 1:
         print(
-            "dedup-operator: --interval and --topic-check-interval must be positive",
+            "dedup-operator: --interval, --topic-check-interval and --leader-lease-duration "
+            "must be positive",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -152,6 +167,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CLUSTER
     handlers.RUNTIME.kube = Kube(api)  # type: ignore[arg-type]
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
+    if not args.no_leader_election:
+        import socket
+
+        from dedup_operator.leader import LeaderElection
+
+        election_ns = args.leader_election_namespace or (namespaces[0] if namespaces else "default")
+        handlers.RUNTIME.leader = LeaderElection(
+            api,  # type: ignore[arg-type]
+            election_ns,
+            f"{socket.gethostname()}-{os.getpid()}",
+            args.leader_lease_duration,
+        )
     handlers.RUNTIME.settings = ReconcileSettings(
         interval_s=args.interval, topic_check_s=args.topic_check_interval
     )

@@ -23,6 +23,7 @@ import kopf
 
 from dedup_operator import names
 from dedup_operator.kube import Kube
+from dedup_operator.leader import LeaderElection
 from dedup_operator.reconcile import ReconcileSettings, Recorder, forget, reconcile
 
 log = logging.getLogger("dedup_operator")
@@ -35,6 +36,7 @@ class Runtime:
     kube: Kube | None = None
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    leader: LeaderElection | None = None  # None: no election, always act
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -61,6 +63,8 @@ def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
 
 
 def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
+    if RUNTIME.leader is not None and not RUNTIME.leader.is_leader():
+        return  # another replica acts; this one takes over if it stops renewing
     reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
 
 
@@ -103,12 +107,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 60
     settings.networking.request_timeout = 30
     RUNTIME.stop.clear()
+    if RUNTIME.leader is not None:
+        RUNTIME.leader.start()
     threading.Thread(target=resync_forever, name="resync", daemon=True).start()
 
 
 @kopf.on.cleanup()
 def stop_resync(**_: Any) -> None:
     RUNTIME.stop.set()
+    if RUNTIME.leader is not None:
+        RUNTIME.leader.stop()
 
 
 @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL)

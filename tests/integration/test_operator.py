@@ -311,3 +311,30 @@ def _has_binding(ns: KubeNamespace, name: str) -> bool:
     except ApiException:
         return False
     return True
+
+
+def test_two_replicas_only_the_leader_acts(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    topic = new_topic(partitions=2)
+    leases = client.CoordinationV1Api(ns.api_client)
+    with (
+        running_operator(ns.kubeconfig_path, ns.name, tmp_path / "a.log") as a,
+        running_operator(ns.kubeconfig_path, ns.name, tmp_path / "b.log") as b,
+    ):
+        create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
+        wait_for(lambda: len(listed(ns, "pod", "events")) == 2, 60, "2 worker pods")
+        holder = leases.read_namespaced_lease("dedup-operator-leader", ns.name).spec.holder_identity
+        leader, follower = (a, b) if holder.endswith(f"-{a.process.pid}") else (b, a)
+        assert holder.endswith(f"-{leader.process.pid}")
+        assert "WorkerCreated" in leader.log()
+        assert "WorkerCreated" not in follower.log()
+        leader.kill()
+        leases.delete_namespaced_lease("events-p1", ns.name)
+        wait_for(lambda: "events-p1" in listed(ns, "lease", "events"), 60, "the follower to act")
+        assert "became leader" in follower.log()

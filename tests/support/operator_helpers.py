@@ -93,6 +93,8 @@ def running_operator(
                 str(port),
                 "--metrics-address",
                 "127.0.0.1",
+                "--leader-lease-duration",
+                "3",
                 *extra,
             ],
             stdout=out,

@@ -1,0 +1,139 @@
+"""One acting operator among replicas: leader election on a coordination.k8s.io Lease.
+
+Every replica runs the kopf watches, but only the holder of the Lease
+`dedup-operator-leader` reconciles. A replica takes the Lease when it is free or has
+expired (renewTime + leaseDurationSeconds, as written in it), renews it every third of
+the duration with a compare-and-set on resourceVersion, and considers itself leader only
+until 2/3 of the duration after the start of its last successful renew, by its own
+monotonic clock: it stops acting before anyone else may start. On a clean stop it
+releases the Lease so a successor takes over at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dedup_operator.observed import format_micro_time, parse_time
+
+log = logging.getLogger("dedup_operator.leader")
+
+LEASE_NAME = "dedup-operator-leader"
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    holder: str | None
+    renew_time: datetime | None
+    duration_s: int
+
+
+def may_take(state: LeaseState, me: str, now: datetime) -> bool:
+    """Ours already, free, or expired by its own renew time and duration."""
+    if state.holder in (None, "", me):
+        return True
+    if state.renew_time is None:
+        return True
+    return now >= state.renew_time + timedelta(seconds=state.duration_s)
+
+
+class LeaderElection:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, identity: str, duration_s: int = 15
+    ) -> None:
+        self.leases = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.identity = identity
+        self.duration_s = max(1, duration_s)
+        self._valid_until = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._was_leader = False
+
+    def is_leader(self) -> bool:
+        return time.monotonic() < self._valid_until
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing and release the Lease if held."""
+        self._stop.set()
+        self._thread.join(timeout=self.duration_s)
+        if self.is_leader():
+            self._valid_until = 0.0
+            try:
+                lease = self.leases.read_namespaced_lease(LEASE_NAME, self.namespace)
+                if lease.spec is not None and lease.spec.holder_identity == self.identity:
+                    lease.spec.holder_identity = None
+                    lease.spec.renew_time = None
+                    self.leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+                    log.info("released leadership", extra={"identity": self.identity})
+            except ApiException as exc:
+                log.warning("could not release leadership: %s", exc.reason)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._try()
+            except ApiException as exc:
+                if exc.status != 409:  # 409: someone else wrote first
+                    log.warning("leader election: %s %s", exc.status, exc.reason)
+            except Exception as exc:
+                log.warning("leader election: %s", exc)
+            leader = self.is_leader()
+            if leader != self._was_leader:
+                log.info(
+                    "became leader" if leader else "lost leadership",
+                    extra={"identity": self.identity},
+                )
+                self._was_leader = leader
+            self._stop.wait(self.duration_s / 3 if leader else min(1.0, self.duration_s / 3))
+
+    def _try(self) -> None:
+        started = time.monotonic()
+        now = datetime.now(UTC)
+        try:
+            lease = self.leases.read_namespaced_lease(LEASE_NAME, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body: dict[str, Any] = {
+                "metadata": {"name": LEASE_NAME},
+                "spec": {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": self.duration_s,
+                    "acquireTime": format_micro_time(now),
+                    "renewTime": format_micro_time(now),
+                    "leaseTransitions": 0,
+                },
+            }
+            self.leases.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+            self._valid_until = started + self.duration_s * 2 / 3
+            return
+        spec = lease.spec
+        assert spec is not None
+        state = LeaseState(
+            holder=spec.holder_identity,
+            renew_time=parse_time(spec.renew_time),
+            duration_s=int(spec.lease_duration_seconds or self.duration_s),
+        )
+        if not may_take(state, self.identity, now):
+            self._valid_until = 0.0
+            return
+        if spec.holder_identity != self.identity:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity = self.identity
+        spec.renew_time = now
+        spec.lease_duration_seconds = self.duration_s
+        # replace carries the resourceVersion read above: a compare-and-set
+        self.leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+        self._valid_until = started + self.duration_s * 2 / 3
