@@ -485,8 +485,8 @@ class KafkaBroker:
             classpath,
             _STORAGE_TOOL,
             "format",
-            "--cluster-id",
-            _cluster_id(),
+            # One argument: an id may start with "-", which argparse would take for a flag.
+            f"--cluster-id={_cluster_id()}",
             "--config",
             str(self.properties_file),
             "--ignore-formatted",
