@@ -175,3 +175,27 @@ def test_in_cluster_without_a_service_account_token_is_a_configuration_error(
     argv = [*BASE, "--metrics-port", "0", "--lease-name", "p3", "--epoch", "1"]
     assert main(argv) == EXIT_CONFIG
     assert "cannot configure the API client" in capsys.readouterr().err
+
+
+def test_kafka_failure_is_one_line_and_exit_6(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `init_transactions` raises when no broker answers (seen with a closed port,
+    after its 60 s wait): one ERROR line and exit code 6, no traceback. The worker is a
+    stand-in here only to skip that minute-long wait."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    import dedup_worker.cli as cli
+
+    class NoBroker:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def run(self) -> None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out waiting"))
+
+    monkeypatch.setattr(cli, "DedupWorker", NoBroker)
+    assert main([*BASE, "--metrics-port", "0", "--log-format", "text"]) == cli.EXIT_KAFKA == 6
+    err = capsys.readouterr().err
+    assert "kafka failed: Timed out waiting (bootstrap servers 127.0.0.1:9092)" in err
+    assert "Traceback" not in err

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from confluent_kafka import KafkaException
+
 from dedup_worker import logs
 from dedup_worker.config import LeaseSettings, WorkerConfig, default_consumer_group
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken, LeaseToken
@@ -32,6 +34,7 @@ EXIT_FENCED = 3
 EXIT_CONFIG = 2
 EXIT_STOPPED_ON_INPUT = 4
 EXIT_STORE = 5
+EXIT_KAFKA = 6
 
 _ENV_PREFIX = "DEDUP_"
 
@@ -54,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
             "dashes as underscores), e.g. DEDUP_BOOTSTRAP_SERVERS. Exit codes: 0 stopped "
             "cleanly, 2 bad configuration, 3 fenced (the partition's Lease or its "
             "transactional id belongs to a newer worker, or the Lease could not be held), "
-            "4 stopped on input it may not drop, 5 store refused."
+            "4 stopped on input it may not drop, 5 store refused, 6 Kafka unreachable or "
+            "refusing (e.g. no broker at --bootstrap-servers, topic missing, not authorised)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -318,6 +322,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as exc:
         log.error("store refused: %s", exc)
         return _released(lease, EXIT_STORE)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        log.error(
+            "kafka failed: %s (bootstrap servers %s)",
+            getattr(error, "str", lambda: str(error))(),
+            config.bootstrap_servers,
+            extra={"exit_code": EXIT_KAFKA, "kafka_error": getattr(error, "name", lambda: "")()},
+        )
+        return _released(lease, EXIT_KAFKA)
     finally:
         if lease is not None:
             lease.stop_renewing()  # a no-op after release; else the Lease lapses by itself

@@ -36,6 +36,8 @@ from dedup_worker.recovery import catch_up
 from dedup_worker.store import Store
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines (delivered on poll) go through our structured logging.
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 
 # Headers a dead letter carries besides the original record's own.
 DLQ_REASON = "dedup.reason"
@@ -589,6 +591,7 @@ class DedupWorker:
             "bootstrap.servers": cfg.bootstrap_servers,
             "transactional.id": cfg.transactional_id,
             "error_cb": self._on_kafka_error,
+            "logger": LIBRDKAFKA_LOG,
             "transaction.timeout.ms": cfg.transaction_timeout_ms,
             "linger.ms": 5,
             "batch.size": 1_000_000,
@@ -601,6 +604,7 @@ class DedupWorker:
         return {
             "bootstrap.servers": cfg.bootstrap_servers,
             "group.id": cfg.group,
+            "logger": LIBRDKAFKA_LOG,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
