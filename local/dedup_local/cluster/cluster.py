@@ -1,0 +1,231 @@
+"""LocalCluster: a real control plane (dedup_local.kube.ControlPlane) plus N nodes whose
+agents run pods as processes, a per-node API proxy, and a volume pool with its attacher.
+
+    with LocalCluster(nodes=3, timings=ClusterTimings.fast()) as cluster:
+        cluster.kubectl("get", "nodes")
+        cluster.kill("node-b"); cluster.restart("node-b")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import string
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from ..kube import ControlPlane
+from ..paths import cache_dir
+from .agent import NodeAgent
+from .attacher import STORAGE_CLASS, Attacher
+from .proxy import ApiProxy
+from .timings import ClusterTimings
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+ZONES = ("zone-a", "zone-b", "zone-c")
+log = logging.getLogger(__name__)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        nodes: int = 3,
+        timings: ClusterTimings | None = None,
+        crds: Iterable[Path] = (),
+        data_dir: Path | None = None,
+    ) -> None:
+        self.timings = timings or ClusterTimings.fast()
+        self.node_names = [f"node-{string.ascii_lowercase[i]}" for i in range(nodes)]
+        self.storage_class = STORAGE_CLASS
+        self._crds = list(crds)
+        self._own_dir = data_dir is None
+        self._data_dir = data_dir
+        self.control_plane: ControlPlane | None = None
+        self.agents: dict[str, NodeAgent] = {}
+        self.proxies: dict[str, ApiProxy] = {}
+        self.attacher: Attacher | None = None
+        self._ips: dict[str, str] = {}
+        self._ip_lock = threading.Lock()
+        self._clients: list[ApiClient] = []
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def data_dir(self) -> Path:
+        if self._data_dir is None:
+            raise RuntimeError("cluster not started")
+        return self._data_dir
+
+    @property
+    def pool(self) -> Path:
+        return self.data_dir / "pool"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self._cp.kubeconfig_path
+
+    @property
+    def _cp(self) -> ControlPlane:
+        if self.control_plane is None:
+            raise RuntimeError("cluster not started")
+        return self.control_plane
+
+    def log_path(self, namespace: str, pod: str, container: str) -> Path:
+        return self.data_dir / "logs" / namespace / pod / f"{container}.log"
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """A pod's container log (all runs, appended); the only container by default."""
+        pod_dir = self.data_dir / "logs" / namespace / pod
+        files = [pod_dir / f"{container}.log"] if container else sorted(pod_dir.glob("*.log"))
+        return "".join(f.read_text(errors="replace") for f in files if f.exists())
+
+    # ------------------------------------------------------------------ clients
+    def api_client(self) -> ApiClient:
+        return self._cp.api_client()
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._cp.kubectl(*args, input=input, check=check, timeout=timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> LocalCluster:
+        if self._data_dir is None:
+            # Not under /tmp: pods may mount an emptyDir over /tmp.
+            root = cache_dir() / "local-cluster"
+            root.mkdir(parents=True, exist_ok=True)
+            self._data_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+        self.pool.mkdir(parents=True, exist_ok=True)
+        self.control_plane = ControlPlane(
+            with_controllers=True, crds=self._crds, extra_args=self.timings.control_plane_args()
+        )
+        try:
+            self.control_plane.start()
+            self.attacher = Attacher(self._client(), self.pool, self.timings.poll_s)
+            self.attacher.install()
+            self.attacher.start()
+            for name in self.node_names:
+                self._start_node(name)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop(kill_pods=True)
+        self.agents.clear()
+        for proxy in self.proxies.values():
+            proxy.close()
+        self.proxies.clear()
+        if self.attacher is not None:
+            self.attacher.stop()
+            self.attacher = None
+        for c in self._clients:
+            with contextlib.suppress(Exception):
+                c.close()  # type: ignore[no-untyped-call]
+        self._clients.clear()
+        if self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
+        if self._own_dir and self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+
+    def _client(self) -> ApiClient:
+        c = self._cp.api_client()
+        self._clients.append(c)
+        return c
+
+    def _start_node(self, name: str) -> None:
+        i = self.node_names.index(name)
+        proxy = self.proxies.get(name)
+        if proxy is None:
+            url = urlparse(self._cp.server)
+            proxy = self.proxies[name] = ApiProxy(
+                (url.hostname or "127.0.0.1", url.port or 443)
+            ).start()
+        agent = NodeAgent(
+            name=name,
+            zone=ZONES[i % len(ZONES)],
+            host_ip=f"127.100.0.{i + 1}",
+            api=self._client(),
+            data_dir=self.data_dir / "nodes" / name,
+            pool=self.pool,
+            timings=self.timings,
+            proxy_port=proxy.port,
+            ca_path=self._cp.ca_path,
+            allocate_ip=self._allocate_ip,
+            release_ip=self._release_ip,
+            log_path=self.log_path,
+        )
+        self.agents[name] = agent
+        agent.start()
+
+    def _allocate_ip(self, uid: str, wanted: str | None) -> str:
+        with self._ip_lock:
+            if uid in self._ips:
+                return self._ips[uid]
+            used = set(self._ips.values())
+            if wanted and wanted.startswith("127.") and wanted not in used:
+                ip = wanted
+            else:
+                ip = next(
+                    f"127.10.{n // 250}.{n % 250 + 2}"
+                    for n in range(60000)
+                    if f"127.10.{n // 250}.{n % 250 + 2}" not in used
+                )
+            self._ips[uid] = ip
+            return ip
+
+    def _release_ip(self, uid: str) -> None:
+        with self._ip_lock:
+            self._ips.pop(uid, None)
+
+    # ------------------------------------------------------------------ faults
+    def kill(self, node: str) -> None:
+        """The machine dies: heartbeats stop, its pods' processes get SIGKILL; what the API
+        says (pods, volume attachments) stays until Kubernetes acts."""
+        agent = self.agents.pop(node)
+        agent.stop(kill_pods=True)
+        self.proxies[node].partition()
+
+    def partition(self, node: str) -> None:
+        """The node loses the API server: its agent stops talking to it and its pods' API
+        proxy is cut; its processes keep running (and keep reaching Kafka on loopback)."""
+        self.agents[node].partitioned = True
+        self.proxies[node].partition()
+
+    def heal(self, node: str) -> None:
+        self.proxies[node].heal()
+        if node in self.agents:
+            self.agents[node].partitioned = False
+        else:
+            self._start_node(node)
+
+    def restart(self, node: str) -> None:
+        """Reboot: processes gone, the agent comes back and runs what is still bound to it."""
+        agent = self.agents.pop(node, None)
+        if agent is not None:
+            agent.stop(kill_pods=True)
+        self.proxies[node].heal()
+        self._start_node(node)
