@@ -3,5 +3,6 @@
 pytest_plugins = [
     "support.kafka_fixtures",
     "support.kube_fixtures",
+    "support.cluster_fixtures",
     "support.spark_fixtures",
 ]
