@@ -1,80 +1,106 @@
 """`make demo`: the main job on the embedded local default.
 
-1. starts a real Kafka broker and a real control plane (etcd + kube-apiserver) from the
-   cache, installs the DedupPipeline CRD and applies `examples/events-pipeline.yaml`
-   (and shows an invalid one being refused by the API);
+1. starts a real Kafka broker and the local cluster (etcd, kube-apiserver, the real
+   controllers and scheduler, three nodes whose agents run pods as processes, volumes
+   from a pool that outlive nodes), with the DedupPipeline CRD installed, and shows an
+   invalid pipeline refused by the API server;
 2. creates the pipeline's topics with 3 partitions and produces events keyed by message
    id, with duplicates near and far and a few malformed records;
-3. runs one `dedup-worker` per partition, SIGKILLs one mid-stream and restarts it;
-4. reads the output back with an independent read_committed consumer and checks that
-   every valid id is there exactly once, and every malformed record is dead-lettered.
+3. runs `dedup-operator` and applies `examples/events-pipeline.yaml` (pointed at the local
+   broker and storage class, with short failover timings): the operator creates a
+   volume, a Lease and a worker pod per partition;
+4. while more traffic arrives, kills the node running partition 0: the operator fences
+   the old worker, releases its volume (out-of-service taint) and starts the replacement
+   on another node with the same volume;
+5. reads the output back with an independent read_committed consumer and checks that
+   every valid id is there exactly once and every malformed record is dead-lettered.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
-import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import yaml
 from confluent_kafka import Message, Producer
 
+from dedup_local.cluster import ClusterTimings, LocalCluster
 from dedup_local.kafka import KafkaBroker, committed_offsets
-from dedup_local.kube import ControlPlane
-from dedup_local.paths import REPO_ROOT
-from dedup_local.worker import start_worker
-from dedup_worker.config import WorkerConfig
+from dedup_local.paths import REPO_ROOT, free_port
 from dedup_worker.ids import ID_HEADER, partition_for
 from dedup_worker.loop import DLQ_REASON
-from dedup_worker.window import WindowPolicy, parse_duration_ms
 
 PARTITIONS = 3
 EVENTS = 30_000
 DUPLICATE_SHARE = 0.05
 MALFORMED = 12
+NAMESPACE = "default"
+EXAMPLE = REPO_ROOT / "examples" / "events-pipeline.yaml"
+
+T = TypeVar("T")
 
 
 def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def show_api(plane: ControlPlane) -> None:
-    plane.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
-    plane.kubectl(
-        "wait", "--for=condition=Established", "crd/deduppipelines.dedup.io", "--timeout=60s"
-    )
-    plane.kubectl("apply", "-f", str(REPO_ROOT / "examples" / "events-pipeline.yaml"))
-    say("DedupPipeline applied:\n" + plane.kubectl("get", "dp", "-o", "wide").stdout.rstrip())
-    bad = (
-        (REPO_ROOT / "examples" / "events-pipeline.yaml")
-        .read_text()
-        .replace("partitions: 3", "partitions: 0")
-    )
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def pipeline_manifest(bootstrap: str, storage_class: str) -> dict[str, Any]:
+    """The example pipeline, pointed at the local broker and pool, with failover timings
+    short enough to watch (the example keeps production defaults)."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    spec = doc["spec"]
+    spec["kafka"]["bootstrapServers"] = bootstrap
+    spec["storage"] = {**spec["storage"], "size": "1Gi", "storageClassName": storage_class}
+    spec["failover"] = {**spec["failover"], "nodeLostAfter": "5s", "leaseDuration": "5s"}
+    spec["worker"]["resources"] = {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+    return doc
+
+
+def show_api(cluster: LocalCluster) -> None:
+    say("nodes:\n" + cluster.kubectl("get", "nodes", "-L", "topology.kubernetes.io/zone").stdout)
+    bad = EXAMPLE.read_text().replace("partitions: 3", "partitions: 0")
     bad = bad.replace("name: events", "name: broken")
-    refused = plane.kubectl("apply", "-f", "-", input=bad, check=False)
+    refused = cluster.kubectl("apply", "-f", "-", input=bad, check=False)
     say(
-        "an invalid one is refused by the API server:\n  "
+        "an invalid pipeline is refused by the API server:\n  "
         + refused.stderr.strip().replace("\n", "\n  ")
     )
 
 
-def produce_events(bootstrap: str, rng: random.Random) -> tuple[list[str], int]:
+def produce_events(
+    bootstrap: str, rng: random.Random, sent: list[str], count: int, malformed: int
+) -> None:
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 10, "enable.idempotence": True}
     )
-    sent: list[str] = []
-    uniques = 0
-    for n in range(EVENTS):
+    for n in range(count):
         if sent and rng.random() < DUPLICATE_SHARE:
             message_id = sent[-rng.randint(1, min(len(sent), 5000))]  # a client retry
         else:
-            message_id = f"order-{uniques:06d}"
-            uniques += 1
+            message_id = f"order-{len(sent):06d}"  # new: its position is unique
         sent.append(message_id)
-        value = json.dumps({"messageId": message_id, "amount": rng.randint(1, 500), "n": n})
+        value = json.dumps({"messageId": message_id, "amount": rng.randint(1, 500)})
         producer.produce(
             "events",
             value=value.encode(),
@@ -83,28 +109,47 @@ def produce_events(bootstrap: str, rng: random.Random) -> tuple[list[str], int]:
         )
         if n % 10_000 == 0:
             producer.poll(0)
-    for i in range(MALFORMED):
+    for i in range(malformed):
         producer.produce(
             "events",
             value=b'{"amount": 3, "no-id": true' if i % 2 else b"\xff\xfe",
             partition=i % PARTITIONS,
         )
     producer.flush(60)
-    return sent, MALFORMED
 
 
-def worker(bootstrap: str, partition: int, state: Path, log: Path) -> subprocess.Popen[bytes]:
-    config = WorkerConfig(
-        bootstrap_servers=bootstrap,
-        pipeline="events",
-        input_topic="events",
-        output_topic="events-deduped",
-        dead_letter_topic="events-dlq",
-        partition=partition,
-        store_path=state / f"events-p{partition}",
-        window=WindowPolicy(duration_ms=parse_duration_ms("672h")),
-    )
-    return start_worker(config, log)
+def start_operator(cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
+    argv = [
+        str(Path(sys.executable).parent / "dedup-operator"),
+        "--kubeconfig", str(cluster.kubeconfig_path),
+        "--namespace", NAMESPACE,
+        "--interval", "1",
+        "--metrics-port", str(free_port()),
+        "--metrics-address", "127.0.0.1",
+        "--leader-lease-duration", "5",
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+
+
+def pipeline_status(cluster: LocalCluster) -> dict[str, Any]:
+    out = cluster.kubectl("get", "dp", "events", "-n", NAMESPACE, "-o", "json", check=False)
+    if out.returncode != 0:
+        return {}
+    status: dict[str, Any] = json.loads(out.stdout).get("status") or {}
+    return status
+
+
+def ready(cluster: LocalCluster) -> bool:
+    conditions = {c["type"]: c["status"] for c in pipeline_status(cluster).get("conditions") or []}
+    return conditions.get("Ready") == "True"
+
+
+def partition_entry(cluster: LocalCluster, partition: int) -> dict[str, Any]:
+    for entry in pipeline_status(cluster).get("partitions") or []:
+        if entry.get("partition") == partition:
+            return dict(entry)
+    return {}
 
 
 def header(msg: Message, name: str) -> str:
@@ -122,49 +167,71 @@ def main() -> int:
     with (
         tempfile.TemporaryDirectory(prefix="dedup-demo-") as tmp,
         KafkaBroker() as kafka,
-        ControlPlane(with_controllers=False) as plane,
+        LocalCluster(
+            nodes=3, timings=ClusterTimings.fast(), crds=sorted((REPO_ROOT / "crds").glob("*.yaml"))
+        ) as cluster,
     ):
-        state = Path(tmp)
-        say(f"Kafka broker at {kafka.bootstrap}; kube-apiserver at {plane.server}")
-        show_api(plane)
+        say(
+            f"Kafka broker at {kafka.bootstrap}; local cluster up, KUBECONFIG={cluster.kubeconfig_path}"
+        )
+        show_api(cluster)
         for topic in ("events", "events-deduped", "events-dlq"):
             kafka.create_topic(topic, PARTITIONS)
-        sent, malformed = produce_events(kafka.bootstrap, rng)
-        say(
-            f"produced {len(sent)} events ({len(sent) - len(set(sent))} duplicates) and {malformed} malformed records"
-        )
-        log = state / "workers.log"
-        workers = {p: worker(kafka.bootstrap, p, state, log) for p in range(PARTITIONS)}
-        time.sleep(2.5)
-        workers[1].send_signal(signal.SIGKILL)
-        workers[1].wait()
-        say("SIGKILLed the worker of partition 1 mid-stream; restarting it on the same store")
-        workers[1] = worker(kafka.bootstrap, 1, state, log)
-        total = len(sent) + malformed
-        deadline = time.monotonic() + 300
-        while committed(kafka.bootstrap) < total:
-            if time.monotonic() > deadline or any(w.poll() is not None for w in workers.values()):
-                codes = {p: w.poll() for p, w in workers.items()}
-                say(
-                    f"workers did not finish (exit codes {codes}); their log:\n{log.read_text()[-3000:]}"
-                )
-                return 1
-            time.sleep(0.5)
-        for w in workers.values():
-            w.terminate()
-            w.wait(30)
+        sent: list[str] = []
+        produce_events(kafka.bootstrap, rng, sent, EVENTS // 2, MALFORMED)
+        say(f"produced {len(sent)} events and {MALFORMED} malformed records")
+
+        operator_log = Path(tmp) / "operator.log"
+        operator = start_operator(cluster, operator_log)
+        try:
+            manifest = yaml.safe_dump(pipeline_manifest(kafka.bootstrap, cluster.storage_class))
+            cluster.kubectl("apply", "-f", "-", input=manifest)
+            t0 = time.monotonic()
+            wait_for(lambda: ready(cluster), 240, "the pipeline to be Ready")
+            say(f"pipeline Ready after {time.monotonic() - t0:.1f}s")
+            say(cluster.kubectl("get", "dp", "-n", NAMESPACE).stdout)
+            say(cluster.kubectl("get", "pods,pvc,leases", "-n", NAMESPACE, "-o", "wide").stdout)
+
+            victim = partition_entry(cluster, 0)
+            lost_node = str(victim["node"])
+            produce_events(kafka.bootstrap, rng, sent, EVENTS // 2, 0)
+            say(f"killing node {lost_node}, which runs partition 0 ({victim['pod']}), mid-stream")
+            cluster.kill(lost_node)
+            killed_at = time.monotonic()
+
+            def moved() -> dict[str, Any] | None:
+                entry = partition_entry(cluster, 0)
+                done = entry.get("lastHandover")
+                if done and entry.get("node") not in (None, lost_node) and entry.get("ready"):
+                    return entry
+                return None
+
+            entry = wait_for(moved, 240, "partition 0 to move to another node")
+            say(
+                f"partition 0 moved to {entry['node']} as {entry['pod']} "
+                f"{time.monotonic() - killed_at:.1f}s after the node was killed; handover steps "
+                f"(seconds after the decision): {entry['lastHandover'].get('steps')}"
+            )
+            total = len(sent) + MALFORMED
+            wait_for(lambda: committed(kafka.bootstrap) >= total, 300, "every record committed")
+        except Exception:
+            say("operator log (tail):\n" + operator_log.read_text(errors="replace")[-4000:])
+            raise
+        finally:
+            operator.terminate()
+            operator.wait(30)
+
         out = kafka.read_committed("events-deduped")
         dead = kafka.read_committed("events-dlq")
         ids = [header(m, ID_HEADER) for m in out]
         expected = set(sent)
-        ok = len(ids) == len(set(ids)) and set(ids) == expected and len(dead) == malformed
-        say(f"input records           {total}")
+        ok = len(ids) == len(set(ids)) and set(ids) == expected and len(dead) == MALFORMED
+        say(f"input records           {len(sent) + MALFORMED}")
         say(f"distinct valid ids      {len(expected)}")
         say(f"published               {len(ids)}")
         say(f"duplicates dropped      {len(sent) - len(ids)}")
-        say(
-            f"dead-lettered           {len(dead)} (reasons: {sorted({header(m, DLQ_REASON) for m in dead})})"
-        )
+        reasons = sorted({header(m, DLQ_REASON) for m in dead})
+        say(f"dead-lettered           {len(dead)} (reasons: {reasons})")
         say("exactly once: " + ("YES, every id once, nothing lost" if ok else "NO"))
         return 0 if ok else 1
 
