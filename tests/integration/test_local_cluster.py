@@ -123,7 +123,9 @@ spec:
     wait_for(lambda: condition("bad", "Failed"), 90, "job bad Failed")
     assert batch.read_namespaced_job("bad", ns).status.failed == 2
     failed = pods(local_cluster, ns, "job-name=bad")
-    assert {p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in failed} == {3}
+    assert {
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in failed
+    } == {3}
     assert "run bad" in local_cluster.pod_log(ns, failed[0]["metadata"]["name"])
 
 
@@ -161,7 +163,11 @@ def test_pvc_attached_by_the_attach_detach_controller_keeps_data_for_the_next_po
     storage = client.StorageV1Api(cluster_namespace.api_client)
     core = client.CoreV1Api(cluster_namespace.api_client)
     pv_name = core.read_namespaced_persistent_volume_claim("data", ns).spec.volume_name
-    [va] = [v for v in storage.list_volume_attachment().items if v.spec.source.persistent_volume_name == pv_name]
+    [va] = [
+        v
+        for v in storage.list_volume_attachment().items
+        if v.spec.source.persistent_volume_name == pv_name
+    ]
     assert va.status.attached and "external-attacher/local.dedup.dev" in va.metadata.finalizers
     writer_node = pod_json(local_cluster, ns, "writer")["spec"]["nodeName"]  # type: ignore[index]
     local_cluster.kubectl("delete", "pod", "writer", "-n", ns)
@@ -214,8 +220,11 @@ spec:
     local_cluster.kubectl("rollout", "status", "deployment/keeper", "-n", ns, "--timeout=90s")
     [first] = pods(local_cluster, ns, "app=keeper")
     first_name, lost = first["metadata"]["name"], first["spec"]["nodeName"]
+    wait_for(lambda: "data from" in local_cluster.pod_log(ns, first_name), 20, "first pod's log")
     pv = core.read_namespaced_persistent_volume_claim("state", ns).spec.volume_name
-    taint = client.V1Taint(key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute")
+    taint = client.V1Taint(
+        key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute"
+    )
     steps: dict[str, float] = {}
     t0 = time.monotonic()
 
@@ -264,7 +273,9 @@ spec:
 
         new = wait_for(replacement, 60, "a replacement Running on another node")
         step(f"replacement {new['metadata']['name']} running on {new['spec']['nodeName']}")
-        wait_for(lambda: "data from" in local_cluster.pod_log(ns, new["metadata"]["name"]), 20, "log")
+        wait_for(
+            lambda: "data from" in local_cluster.pod_log(ns, new["metadata"]["name"]), 20, "log"
+        )
         assert f"data from {first_name}" in local_cluster.pod_log(ns, new["metadata"]["name"])
     finally:
         local_cluster.restart(lost)
@@ -306,13 +317,17 @@ spec:
     wait_for(lambda: phase_of(local_cluster, ns, "probe", "Running"), 60, "probe Running")
     wait_for(lambda: "api ok kafka ok" in local_cluster.pod_log(ns, "probe"), 30, "api ok")
     node = pod_json(local_cluster, ns, "probe")["spec"]["nodeName"]  # type: ignore[index]
-    runner = next(r for r in local_cluster.agents[node].pods.values() if r.pod["metadata"]["name"] == "probe")
+    runner = next(
+        r for r in local_cluster.agents[node].pods.values() if r.pod["metadata"]["name"] == "probe"
+    )
     process = runner.containers[0].process
     assert process is not None
     try:
         local_cluster.partition(node)
         seen = len(local_cluster.pod_log(ns, "probe"))
-        wait_for(lambda: "api fail kafka ok" in local_cluster.pod_log(ns, "probe")[seen:], 30, "api fail")
+        wait_for(
+            lambda: "api fail kafka ok" in local_cluster.pod_log(ns, "probe")[seen:], 30, "api fail"
+        )
         assert process.exit_code() is None
     finally:
         local_cluster.heal(node)
@@ -381,10 +396,24 @@ def _processes_mentioning(text: str) -> list[int]:
 def test_no_process_left_after_stop() -> None:
     cluster = LocalCluster(nodes=1, timings=ClusterTimings.fast())
     with cluster:
-        cluster.kubectl("run", "sleeper", "--image=busybox", "--restart=Never", "--command", "--", "sleep", "1000")
+        cluster.kubectl(
+            "run",
+            "sleeper",
+            "--image=busybox",
+            "--restart=Never",
+            "--command",
+            "--",
+            "sleep",
+            "1000",
+        )
         wait_for(lambda: phase_of(cluster, "default", "sleeper", "Running"), 60, "sleeper Running")
         data_dir = str(cluster.data_dir)
-        pids = [c.process.pid for r in cluster.agents["node-a"].pods.values() for c in r.containers if c.process]
+        pids = [
+            c.process.pid
+            for r in cluster.agents["node-a"].pods.values()
+            for c in r.containers
+            if c.process
+        ]
         assert pids and _processes_mentioning(data_dir)
     left = _processes_mentioning(data_dir) + [p for p in pids if Path(f"/proc/{p}").exists()]
     assert not left, left

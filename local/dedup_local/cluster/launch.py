@@ -4,66 +4,113 @@ bind-mounts each volume at its mountPath, then execs the container's command.
 
 A mountPath whose directory does not exist on the host is made without touching the
 host: the nearest existing ancestor is covered by a tmpfs on which every original entry
-is bind-mounted back, and the missing directories are created in that tmpfs.
+is bind-mounted back, and the missing directories are created in that tmpfs. For a
+missing top-level directory (`/data`) that ancestor is `/`: the container then gets a
+tmpfs root showing the host's top-level entries and is chrooted into it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
 
-def _mount(*args: str) -> None:
-    subprocess.run(["mount", *args], check=True)
+
+def _mount(source: str, target: str, fstype: str | None = None, flags: int = 0) -> None:
+    """mount(2) directly (the mount binary would write /run/mount on the way)."""
+    if (
+        _libc.mount(
+            source.encode(), target.encode(), fstype.encode() if fstype else None, flags, None
+        )
+        != 0
+    ):
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
 
 
 def _shadow(ancestor: Path, stage: Path) -> None:
     """Cover `ancestor` with a tmpfs that shows the same entries (bind-mounted back)."""
     stage.mkdir(parents=True, exist_ok=True)
-    _mount("--bind", str(ancestor), str(stage))
-    _mount("-t", "tmpfs", "tmpfs", str(ancestor))
-    for entry in stage.iterdir():
-        target = ancestor / entry.name
+    _mount(str(ancestor), str(stage), flags=MS_BIND | MS_REC)
+    _mount("tmpfs", str(ancestor), "tmpfs")
+    _populate(ancestor, stage)
+
+
+def _populate(target: Path, original: Path) -> None:
+    for entry in original.iterdir():
+        where = target / entry.name
         if entry.is_symlink():
-            target.symlink_to(os.readlink(entry))
+            where.symlink_to(os.readlink(entry))
             continue
         if entry.is_dir():
-            target.mkdir()
+            where.mkdir()
         else:
-            target.touch()
-        _mount("--bind", str(entry), str(target))
+            where.touch()
+        _mount(str(entry), str(where), flags=MS_BIND | MS_REC)
 
 
-def make_mount_point(
-    target: Path, source_is_dir: bool, stage_root: Path, counter: list[int]
-) -> None:
-    target_parent = target if source_is_dir else target.parent
-    if not target_parent.exists():
-        ancestor = target_parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        ancestor = ancestor.resolve()
-        counter[0] += 1
-        _shadow(ancestor, stage_root / str(counter[0]))
-        Path(os.path.realpath(target_parent)).mkdir(parents=True, exist_ok=True)
-    if not source_is_dir and not target.exists():
-        target.touch()
+def resolve_in(root: Path, path: str) -> Path:
+    """`path` with symlinks followed as if `root` were `/` (missing components kept)."""
+    parts = [p for p in path.split("/") if p]
+    current, hops = root, 0
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            current = current.parent if current != root else root
+            continue
+        candidate = current / name
+        if candidate.is_symlink() and hops < 40:
+            hops += 1
+            link = os.readlink(candidate)
+            if link.startswith("/"):
+                current = root
+            parts = [p for p in link.split("/") if p] + parts
+            continue
+        current = candidate
+    return current
 
 
 def main(plan_path: str) -> None:
     plan: dict[str, Any] = json.loads(Path(plan_path).read_text())
-    stage_root = Path(plan["stage"])
-    counter = [0]
-    for m in sorted(plan["mounts"], key=lambda m: len(m["target"])):
-        source, target = Path(m["source"]), Path(m["target"])
-        make_mount_point(target, source.is_dir(), stage_root, counter)
-        _mount("--bind", str(source), str(target))
+    stage = Path(plan["stage"])
+    mounts = sorted(plan["mounts"], key=lambda m: len(m["target"]))
+    root = Path("/")
+    writable: set[Path] = set()
+    if any(
+        not resolve_in(root, "/" + m["target"].strip("/").split("/")[0]).exists() for m in mounts
+    ):
+        # A missing top-level directory: the container gets its own root (a tmpfs showing
+        # every top-level entry of the host's) and is chrooted into it.
+        root = stage / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        _mount("tmpfs", str(root), "tmpfs")
+        _populate(root, Path("/"))
+        writable.add(root)
+    for n, m in enumerate(mounts):
+        source = Path(m["source"])
+        target = resolve_in(root, m["target"])
+        directory = target if source.is_dir() else target.parent
+        if not directory.exists():
+            ancestor = directory
+            while not ancestor.exists():
+                ancestor = ancestor.parent
+            if ancestor not in writable:
+                _shadow(ancestor, stage / f"shadow-{n}")
+                writable.add(ancestor)
+            directory.mkdir(parents=True, exist_ok=True)
+        if not source.is_dir() and not target.exists():
+            target.touch()
+        _mount(str(source), str(target), flags=MS_BIND)
         if m.get("readOnly"):
-            _mount("-o", "remount,bind,ro", str(target))
+            _mount("none", str(target), flags=MS_REMOUNT | MS_BIND | MS_RDONLY)
+    if root != Path("/"):
+        os.chroot(root)
     os.chdir(plan["cwd"])
     argv: list[str] = plan["argv"]
     try:
