@@ -89,7 +89,7 @@ class Probe:
 
     def due(self, started: float) -> bool:
         return time.monotonic() >= max(
-            self.next_at, started + self.spec.get("initialDelaySeconds", 0)
+            self.next_at, started + float(self.spec.get("initialDelaySeconds", 0))
         )
 
 
@@ -202,7 +202,7 @@ class NodeAgent:
             },
         }
         try:
-            self.core.create_node(node)
+            self.core.create_node(node)  # type: ignore[arg-type]
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -234,7 +234,8 @@ class NodeAgent:
             if exc.status != 404:
                 raise
             coord.create_namespaced_lease(
-                "kube-node-lease", {"metadata": {"name": self.name}, "spec": spec}
+                "kube-node-lease",
+                {"metadata": {"name": self.name}, "spec": spec},  # type: ignore[arg-type]
             )
 
     def _patch_status(self, in_use: list[str]) -> None:
@@ -423,22 +424,27 @@ class NodeAgent:
             name = vol["name"]
             target = runner.dir / "volumes" / name
             if "persistentVolumeClaim" in vol:
-                pvc = self.core.read_namespaced_persistent_volume_claim(
-                    vol["persistentVolumeClaim"]["claimName"], ns
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                pvc = as_json(
+                    self.core.read_namespaced_persistent_volume_claim(
+                        claim, ns, _preload_content=False
+                    )
                 )
-                if not pvc.spec.volume_name:
-                    return self._waiting(runner, f"claim {pvc.metadata.name} not bound")
-                pv = self.core.read_persistent_volume(pvc.spec.volume_name)
-                if pv.spec.csi is None or pv.spec.csi.driver != DRIVER:
-                    raise ConfigError(f"volume {pv.metadata.name} is not from {DRIVER}")
-                unique = unique_volume_name(pv.spec.csi.volume_handle)
+                pv_name = pvc["spec"].get("volumeName")
+                if not pv_name:
+                    self._waiting(runner, f"claim {claim} not bound")
+                    return None
+                pv = as_json(self.core.read_persistent_volume(pv_name, _preload_content=False))
+                csi = pv["spec"].get("csi") or {}
+                if csi.get("driver") != DRIVER:
+                    raise ConfigError(f"volume {pv_name} is not from {DRIVER}")
+                unique = unique_volume_name(csi["volumeHandle"])
                 pvc_volumes.append(unique)
                 runner.pvc_volumes = pvc_volumes
                 if unique not in attached:
-                    return self._waiting(
-                        runner, f"volume {pv.metadata.name} not attached to {self.name}"
-                    )
-                sources[name] = self.pool / pv.spec.csi.volume_handle
+                    self._waiting(runner, f"volume {pv_name} not attached to {self.name}")
+                    return None
+                sources[name] = self.pool / csi["volumeHandle"]
                 continue
             if "hostPath" in vol:
                 sources[name] = Path(vol["hostPath"]["path"])
@@ -486,7 +492,6 @@ class NodeAgent:
     def _waiting(self, runner: PodRunner, why: str) -> None:
         for c in runner.containers:
             c.record.reason, c.record.message = "ContainerCreating", why
-        return None
 
     def _items(
         self, lookup: Callable[[str, str, str], Any], kind: str, name: str, ref: Mapping[str, Any]
@@ -525,8 +530,15 @@ class NodeAgent:
             }
         }
         sa = pod["spec"].get("serviceAccountName", "default")
-        result = self.core.create_namespaced_service_account_token(sa, meta["namespace"], body)
-        return str(result.status.token)
+        result = as_json(
+            self.core.create_namespaced_service_account_token(
+                sa,
+                meta["namespace"],
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+            )
+        )
+        return str(result["status"]["token"])
 
     # ------------------------------------------------------------------ containers
     def _start(self, runner: PodRunner, c: Container) -> None:
@@ -602,7 +614,7 @@ class NodeAgent:
                 url = (f"{h.get('scheme', 'HTTP').lower()}://{h.get('host') or runner.ip}:"
                        f"{probe_port(h['port'], c.spec)}{h.get('path', '/')}")  # fmt: skip
                 with urllib.request.urlopen(url, timeout=timeout) as resp:
-                    return 200 <= resp.status < 400
+                    return 200 <= int(resp.status) < 400
             if "tcpSocket" in spec:
                 t = spec["tcpSocket"]
                 with socket.create_connection(

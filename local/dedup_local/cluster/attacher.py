@@ -62,13 +62,13 @@ class Attacher:
     def install(self) -> None:
         storage = client.StorageV1Api(self.api)
         storage.create_csi_driver(
-            {
+            {  # type: ignore[arg-type]
                 "metadata": {"name": DRIVER},
                 "spec": {"attachRequired": True, "podInfoOnMount": False},
             }
         )
         storage.create_storage_class(
-            {
+            {  # type: ignore[arg-type]
                 "metadata": {"name": STORAGE_CLASS},
                 "provisioner": DRIVER,
                 "reclaimPolicy": "Delete",
@@ -125,7 +125,7 @@ class Attacher:
                 },
             }
             try:
-                core.create_persistent_volume(pv)
+                core.create_persistent_volume(pv)  # type: ignore[arg-type]
                 log.info("provisioned %s for %s/%s", handle, meta["namespace"], meta["name"])
             except ApiException as exc:
                 if exc.status != 409:

@@ -34,7 +34,7 @@ HOST_ENV_DROPPED = (
     "KUBERNETES_SERVICE_PORT",
 )
 
-Lookup = Callable[[str, str, str], str | None]  # (kind "secret"|"configmap", name, key) -> value
+Lookup = Callable[[str, str, str], Any]  # (kind, name, key) -> value; key "" -> all data
 
 
 class ConfigError(Exception):
@@ -96,10 +96,10 @@ def resolve_env(
         for kind, ref_key in (("configmap", "configMapRef"), ("secret", "secretRef")):
             ref = source.get(ref_key)
             if ref:
-                data = lookup(kind, ref["name"], "")
+                data: Any = lookup(kind, ref["name"], "")
                 if data is None and not ref.get("optional"):
                     raise ConfigError(f"{kind} {ref['name']} not found")
-                for k, v in (data or {}).items():  # type: ignore[attr-defined]
+                for k, v in (data or {}).items():
                     env[prefix + k] = v
     for var in container.get("env") or []:
         name = var["name"]

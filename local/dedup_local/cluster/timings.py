@@ -65,5 +65,6 @@ class ClusterTimings:
     def backoff(self, restarts: int) -> float:
         """Seconds to wait before restarting a container that already restarted `restarts` times."""
         return min(
-            self.restart_backoff_initial_s * (2 ** max(restarts, 0)), self.restart_backoff_max_s
+            self.restart_backoff_initial_s * float(2 ** max(restarts, 0)),
+            self.restart_backoff_max_s,
         )
