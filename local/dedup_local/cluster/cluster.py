@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import shutil
 import string
 import subprocess
@@ -55,6 +56,8 @@ class LocalCluster:
         self.attacher: Attacher | None = None
         self._ips: dict[str, str] = {}
         self._ip_lock = threading.Lock()
+        self._ip_block = random.randint(11, 99)  # 127.100.x.y are the nodes' host IPs
+        self._next_ip = 0
         self._clients: list[ApiClient] = []
 
     # ------------------------------------------------------------------ paths
@@ -182,18 +185,18 @@ class LocalCluster:
         agent.start()
 
     def _allocate_ip(self, uid: str, wanted: str | None) -> str:
+        """A pod IP never handed out before in this cluster (a partitioned node's process
+        may still listen on an old pod's address), in a 127.x block chosen at random per
+        cluster so that two clusters on one machine do not collide."""
         with self._ip_lock:
             if uid in self._ips:
                 return self._ips[uid]
-            used = set(self._ips.values())
-            if wanted and wanted.startswith("127.") and wanted not in used:
+            if wanted and wanted.startswith("127.") and wanted not in self._ips.values():
                 ip = wanted
             else:
-                ip = next(
-                    f"127.10.{n // 250}.{n % 250 + 2}"
-                    for n in range(60000)
-                    if f"127.10.{n // 250}.{n % 250 + 2}" not in used
-                )
+                n = self._next_ip
+                self._next_ip += 1
+                ip = f"127.{self._ip_block}.{n // 250}.{n % 250 + 2}"
             self._ips[uid] = ip
             return ip
 
