@@ -418,3 +418,48 @@ def test_no_process_left_after_stop() -> None:
     left = _processes_mentioning(data_dir) + [p for p in pids if Path(f"/proc/{p}").exists()]
     assert not left, left
     assert not os.path.exists(data_dir)
+
+
+def test_restarted_node_runs_the_pods_still_bound_to_it(
+    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+) -> None:
+    ns = cluster_namespace.name
+    apply(local_cluster, ns, """
+apiVersion: v1
+kind: Pod
+metadata: {name: sleeper}
+spec:
+  containers: [{name: main, image: busybox, command: [sh, -c, "echo up; exec sleep 100000"]}]
+""")  # fmt: skip
+    pod = wait_for(lambda: phase_of(local_cluster, ns, "sleeper", "Running"), 60, "Running")
+    node = pod["spec"]["nodeName"]
+
+    def pid() -> int | None:
+        agent = local_cluster.agents.get(node)
+        runners = (
+            [r for r in agent.pods.values() if r.pod["metadata"]["name"] == "sleeper"]
+            if agent
+            else []
+        )
+        process = runners[0].containers[0].process if runners else None
+        return process.pid if process is not None and process.exit_code() is None else None
+
+    before = wait_for(pid, 20, "the process")
+    wait_for(lambda: "up" in local_cluster.pod_log(ns, "sleeper"), 20, "the first run's log")
+    local_cluster.restart(node)
+    assert (
+        not Path(f"/proc/{before}").exists()
+        or "zombie" in Path(f"/proc/{before}/status").read_text()
+    )
+    after = wait_for(pid, 30, "the process after the restart")
+    assert after != before
+
+    def restarted() -> bool:
+        p = pod_json(local_cluster, ns, "sleeper") or {}
+        statuses = p.get("status", {}).get("containerStatuses") or [{}]
+        return (
+            p.get("status", {}).get("phase") == "Running" and statuses[0].get("restartCount") == 1
+        )
+
+    wait_for(restarted, 30, "Running with restartCount 1")
+    wait_for(lambda: local_cluster.pod_log(ns, "sleeper").count("up") == 2, 20, "a second run")

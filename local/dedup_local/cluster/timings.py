@@ -43,7 +43,7 @@ class ClusterTimings:
             node_lease_duration_s=8,
             node_lease_renew_s=1.0,
             node_status_update_s=2.0,
-            poll_s=0.7,
+            poll_s=0.5,
             restart_backoff_initial_s=1.0,
             restart_backoff_max_s=10.0,
         )
