@@ -28,6 +28,7 @@ from dedup_local.kafka import produce_all as kafka_produce_all
 from dedup_operator import names
 from dedup_operator.observed import parse_time
 from support.kafka_fixtures import NewTopic
+from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
 from support.worker_helpers import event, output_ids
 
@@ -70,6 +71,12 @@ def pipeline_body(
             },
         },
     }
+
+
+@pytest.fixture(autouse=True)
+def _crd_installed(local_cluster: Any) -> None:
+    """The DedupPipeline CRD on the local cluster (server-side apply: idempotent)."""
+    local_cluster.control_plane.install_crds(CRD_FILES)
 
 
 def ns_name(cluster_namespace: Any) -> str:
@@ -129,6 +136,12 @@ class Traffic:
         finally:
             self._stop.set()
             self._thread.join(timeout=60)
+            self.close()
+
+    def close(self) -> None:
+        if hasattr(self, "_producer"):
+            self._producer.flush(10)
+            del self._producer  # no reconnect attempts once the broker is gone
 
 
 def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: float = 90) -> None:
@@ -210,6 +223,7 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
         traffic = Traffic(kafka.bootstrap, topic, 4)
         for _ in range(6):
             traffic.batch()
+        traffic.close()
         assert_output_exact(kafka.bootstrap, topic, traffic)
 
         def counted() -> dict[str, Any] | None:
