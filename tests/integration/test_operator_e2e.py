@@ -23,10 +23,12 @@ import pytest
 from confluent_kafka import Producer
 from kubernetes import client
 
+from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kafka import produce_all as kafka_produce_all
 from dedup_operator import names
 from dedup_operator.observed import parse_time
+from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
@@ -74,13 +76,10 @@ def pipeline_body(
 
 
 @pytest.fixture(autouse=True)
-def _crd_installed(local_cluster: Any) -> None:
+def _crd_installed(local_cluster: LocalCluster) -> None:
     """The DedupPipeline CRD on the local cluster (server-side apply: idempotent)."""
+    assert local_cluster.control_plane is not None
     local_cluster.control_plane.install_crds(CRD_FILES)
-
-
-def ns_name(cluster_namespace: Any) -> str:
-    return str(getattr(cluster_namespace, "name", cluster_namespace))
 
 
 def topics(kafka: KafkaBroker, new_topic: NewTopic, partitions: int) -> str:
@@ -177,7 +176,7 @@ def partition_entry(api: client.ApiClient, ns: str, name: str, p: int) -> dict[s
     return {}
 
 
-def worker_ready_line(local_cluster: Any, ns: str, pod: str) -> dict[str, Any] | None:
+def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[str, Any] | None:
     for line in local_cluster.pod_log(ns, pod).splitlines():
         if '"worker ready"' in line:
             parsed: dict[str, Any] = json.loads(line)
@@ -186,13 +185,13 @@ def worker_ready_line(local_cluster: Any, ns: str, pod: str) -> dict[str, Any] |
 
 
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
-    local_cluster: Any,
-    cluster_namespace: Any,
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
-    ns = ns_name(cluster_namespace)
+    ns = cluster_namespace.name
     api = local_cluster.api_client()
     topic = topics(kafka, new_topic, 4)
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log") as op:
@@ -258,7 +257,7 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
 
 
 def _lose_a_node_during_traffic(
-    local_cluster: Any,
+    local_cluster: LocalCluster,
     ns: str,
     kafka: KafkaBroker,
     topic: str,
@@ -368,26 +367,24 @@ def _lose_a_node_during_traffic(
 
 
 def test_node_loss_moves_the_partition_with_its_volume(
-    local_cluster: Any,
-    cluster_namespace: Any,
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
     topic = topics(kafka, new_topic, 2)
-    _lose_a_node_during_traffic(
-        local_cluster, ns_name(cluster_namespace), kafka, topic, tmp_path, None
-    )
+    _lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, None)
 
 
 def test_operator_killed_mid_failover_completes_it_once(
-    local_cluster: Any,
-    cluster_namespace: Any,
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
     topic = topics(kafka, new_topic, 2)
     _lose_a_node_during_traffic(
-        local_cluster, ns_name(cluster_namespace), kafka, topic, tmp_path, "fenced"
+        local_cluster, cluster_namespace.name, kafka, topic, tmp_path, "fenced"
     )
