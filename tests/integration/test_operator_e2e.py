@@ -388,3 +388,111 @@ def test_operator_killed_mid_failover_completes_it_once(
     _lose_a_node_during_traffic(
         local_cluster, cluster_namespace.name, kafka, topic, tmp_path, "fenced"
     )
+
+
+def _log_lines(local_cluster: LocalCluster, ns: str, pod: str) -> list[dict[str, Any]]:
+    lines = []
+    for line in local_cluster.pod_log(ns, pod).splitlines():
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+def _log_time(line: dict[str, Any]) -> float:
+    """The logging module's `time` field ("2026-11-22 11:47:17,811", local time)."""
+    stamp, millis = str(line["time"]).split(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+def test_split_brain_old_worker_stops_before_the_replacement_commits(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """`partition(node)`: the node and its pods lose the API server but keep running and
+    keep reaching Kafka. The old worker must stop committing and exit, by its own clock,
+    before the Lease runs out for anyone else, and the replacement commits only after
+    that: the workers' logs and the Lease prove the order; the output is exact."""
+    ns = cluster_namespace.name
+    api = local_cluster.api_client()
+    topic = topics(kafka, new_topic, 2)
+    cut: str | None = None
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class),
+        )
+        ready_pipeline(api, ns, "events", 2)
+        traffic = Traffic(kafka.bootstrap, topic, 2)
+        try:
+            with traffic.running():
+                wait_for(
+                    lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 300,
+                    90,
+                    "partition 0's worker to publish some output",
+                    every=1,
+                )
+                before = partition_entry(api, ns, "events", 0)
+                cut, old_pod = before["node"], before["pod"]
+                cut_at = time.time()
+                local_cluster.partition(cut)
+                print(f"partitioned {cut} running {old_pod}")
+
+                def moved() -> dict[str, Any] | None:
+                    e = partition_entry(api, ns, "events", 0)
+                    ok = e.get("ready") and e.get("node") not in (None, cut)
+                    return e if ok and not e.get("handover") else None
+
+                after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
+                sent = traffic.sent
+                wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
+            new_pod = after["pod"]
+            assert new_pod == f"events-p0-e{before['epoch'] + 1}"
+
+            old_lines = _log_lines(local_cluster, ns, old_pod)
+            fenced = [line for line in old_lines if str(line["message"]).startswith("fenced")]
+            assert fenced, f"{old_pod} did not log a fence: {old_lines[-5:]}"
+            old_stopped = _log_time(fenced[0])
+            old_last_commit = float(fenced[0]["last_commit"])
+
+            def first_commit() -> dict[str, Any] | None:
+                return next(
+                    (
+                        line
+                        for line in _log_lines(local_cluster, ns, new_pod)
+                        if line["message"] == "first transaction committed"
+                    ),
+                    None,
+                )
+
+            new_first_commit = float(
+                wait_for(first_commit, 60, "the replacement's commit")["commit_sent"]
+            )
+            lease = client.CoordinationV1Api(api).read_namespaced_lease("events-p0", ns)
+            assert lease.spec.holder_identity == new_pod
+            assert lease.spec.lease_transitions == before["epoch"] + 1
+            taken = lease.spec.acquire_time.timestamp()
+            print(
+                f"after the cut: old last commit {old_last_commit - cut_at:+.2f}s, old fenced and "
+                f"exiting {old_stopped - cut_at:+.2f}s, Lease taken by {new_pod} "
+                f"{taken - cut_at:+.2f}s, new first commit sent {new_first_commit - cut_at:+.2f}s"
+            )
+            assert old_last_commit < old_stopped < taken <= new_first_commit
+            assert_output_exact(kafka.bootstrap, topic, traffic)
+        finally:
+            if cut is not None:
+                local_cluster.heal(cut)
+        if cut is not None:
+            # Healed and Ready, holding none of the pipeline's volumes: the operator takes
+            # its out-of-service taint off again.
+            def untainted() -> bool:
+                node = client.CoreV1Api(api).read_node(cut)
+                keys = {t.key for t in node.spec.taints or []}
+                return "node.kubernetes.io/out-of-service" not in keys
+
+            wait_for(untainted, 60, f"the operator to remove {cut}'s out-of-service taint")
