@@ -19,6 +19,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dedup_local.cluster.proxy import ApiProxy
 from dedup_local.paths import free_port
 from dedup_worker.cli import EXIT_FENCED, main
 from dedup_worker.config import LeaseSettings, WorkerConfig
@@ -34,7 +35,6 @@ from support.fencing_helpers import (
     wait_for_log,
 )
 from support.kube_fixtures import KubeNamespace
-from support.tcp_proxy import TcpProxy
 from support.worker_helpers import (
     event,
     output_ids,
@@ -232,7 +232,7 @@ def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
     ns = kube_namespace.name
     server = kube_namespace.cluster.server  # https://127.0.0.1:<port>
     host, port = server.removeprefix("https://").rsplit(":", 1)
-    proxy = TcpProxy(host, int(port))
+    proxy = ApiProxy((host, int(port))).start()  # the local cluster's cuttable proxy
     kubeconfig = yaml.safe_load(kube_namespace.kubeconfig_path.read_text())
     for entry in kubeconfig["clusters"]:
         entry["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
@@ -249,7 +249,7 @@ def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
     try:
         wait_for_log(old_log, "first transaction committed")
         time.sleep(TIMING.renew_every_s)  # a renew or two through the proxy
-        proxy.cut()
+        proxy.partition()
         cut = time.time()
         code = wait_exit(old, old_log, 30)
     finally:
