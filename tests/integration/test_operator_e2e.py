@@ -184,6 +184,31 @@ def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[st
     return None
 
 
+def _wait_untainted(local_cluster: LocalCluster, node_name: str) -> None:
+    def untainted() -> bool:
+        node = client.CoreV1Api(local_cluster.api_client()).read_node(node_name)
+        keys = {t.key for t in node.spec.taints or []}
+        return "node.kubernetes.io/out-of-service" not in keys
+
+    wait_for(untainted, 60, f"the operator to remove {node_name}'s out-of-service taint")
+
+
+def _dump(local_cluster: LocalCluster, ns: str) -> None:
+    """What a person would look at when a partition does not move."""
+    print(
+        local_cluster.kubectl("get", "pods,volumeattachments,nodes", "-n", ns, "-o", "wide").stdout
+    )
+    print(
+        json.dumps(
+            (get_pipeline(local_cluster.api_client(), ns, "events") or {}).get("status"), indent=1
+        )
+    )
+    pods = client.CoreV1Api(local_cluster.api_client()).list_namespaced_pod(ns).items
+    for pod in pods:
+        print(f"--- {pod.metadata.name} on {pod.spec.node_name}: {pod.status.phase}")
+        print(local_cluster.pod_log(ns, pod.metadata.name)[-1500:])
+
+
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
     local_cluster: LocalCluster,
     cluster_namespace: ClusterNamespace,
@@ -309,7 +334,11 @@ def _lose_a_node_during_traffic(
                 ok = e.get("ready") and e.get("node") not in (None, lost) and not e.get("handover")
                 return e if ok else None
 
-            after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
+            try:
+                after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
+            except AssertionError:
+                _dump(local_cluster, ns)
+                raise
             took = time.monotonic() - killed_at
             sent = traffic.sent
             wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
@@ -361,9 +390,14 @@ def _lose_a_node_during_traffic(
         completed = [e for e in events(api, ns, "events") if e[1] == "FailoverCompleted"]
         assert len(completed) == 1, completed
     finally:
-        op_ctx.__exit__(None, None, None)
-        if lost is not None:
-            local_cluster.restart(lost)
+        try:
+            if lost is not None:
+                local_cluster.restart(lost)
+                # The operator takes the out-of-service taint off the rebooted node; a
+                # node left tainted would leave later tests fewer nodes to schedule on.
+                _wait_untainted(local_cluster, lost)
+        finally:
+            op_ctx.__exit__(None, None, None)
 
 
 def test_node_loss_moves_the_partition_with_its_volume(
@@ -377,17 +411,19 @@ def test_node_loss_moves_the_partition_with_its_volume(
     _lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, None)
 
 
+@pytest.mark.parametrize("step", ["fenced", "released", "started"])
 def test_operator_killed_mid_failover_completes_it_once(
     local_cluster: LocalCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
+    step: str,
 ) -> None:
+    """SIGKILL the operator as soon as the handover records `step`, start a new one:
+    the failover completes exactly once (one FailoverCompleted Event, epoch + 1)."""
     topic = topics(kafka, new_topic, 2)
-    _lose_a_node_during_traffic(
-        local_cluster, cluster_namespace.name, kafka, topic, tmp_path, "fenced"
-    )
+    _lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, step)
 
 
 def _log_lines(local_cluster: LocalCluster, ns: str, pod: str) -> list[dict[str, Any]]:
@@ -490,9 +526,65 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
         if cut is not None:
             # Healed and Ready, holding none of the pipeline's volumes: the operator takes
             # its out-of-service taint off again.
-            def untainted() -> bool:
-                node = client.CoreV1Api(api).read_node(cut)
-                keys = {t.key for t in node.spec.taints or []}
-                return "node.kubernetes.io/out-of-service" not in keys
+            _wait_untainted(local_cluster, cut)
 
-            wait_for(untainted, 60, f"the operator to remove {cut}'s out-of-service taint")
+
+@pytest.mark.slow
+def test_wait_for_detach_moves_the_partition_without_tainting(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """`failover.releaseVolume: WaitForDetach` (for clusters where the operator may not
+    taint nodes): the operator force-deletes only its own pod and waits out the
+    attach/detach controller's own force-detach (6 minutes, hard-coded), never creating
+    the replacement while the old VolumeAttachment exists. Slow by nature."""
+    ns = cluster_namespace.name
+    api = local_cluster.api_client()
+    topic = topics(kafka, new_topic, 1)
+    body = pipeline_body("events", kafka.bootstrap, topic, 1, local_cluster.storage_class)
+    body["spec"]["failover"]["releaseVolume"] = "WaitForDetach"
+    lost: str | None = None
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns, names.PLURAL, body
+        )
+        ready_pipeline(api, ns, "events", 1)
+        traffic = Traffic(kafka.bootstrap, topic, 1)
+        try:
+            for _ in range(4):
+                traffic.batch()
+            assert_output_exact(kafka.bootstrap, topic, traffic)
+            before = partition_entry(api, ns, "events", 0)
+            lost = before["node"]
+            killed_at = time.monotonic()
+            local_cluster.kill(lost)
+
+            def moved() -> dict[str, Any] | None:
+                e = partition_entry(api, ns, "events", 0)
+                if e.get("node") not in (None, lost) and e.get("ready") and not e.get("handover"):
+                    return e
+                return None
+
+            after = wait_for(moved, 600, "partition 0 to move after the force-detach", every=2)
+            took = time.monotonic() - killed_at
+            last = after.get("lastHandover") or {}
+            print(
+                f"WaitForDetach: moved to {after['node']} after {took:.0f}s; steps {last.get('steps')}"
+            )
+            node = client.CoreV1Api(api).read_node(lost)
+            assert "node.kubernetes.io/out-of-service" not in {
+                t.key for t in node.spec.taints or []
+            }
+            assert after["epoch"] == before["epoch"] + 1
+            assert last["steps"]["detached"] > 300  # the controller's own 6 minutes
+            for _ in range(2):
+                traffic.batch()
+            traffic.close()
+            assert_output_exact(kafka.bootstrap, topic, traffic)
+        finally:
+            traffic.close()
+            if lost is not None:
+                local_cluster.restart(lost)
