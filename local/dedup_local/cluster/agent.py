@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -29,6 +30,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from ..paths import REPO_ROOT
 from .attacher import DRIVER, as_json, unique_volume_name
 from .runtime import (
     ConfigError,
@@ -557,6 +559,9 @@ class NodeAgent:
             "mounts": mount_plan(spec, runner.volume_sources),
             "stage": str(runner.dir / "stage" / spec["name"]),
             "cwd": spec.get("workingDir") or str(runner.dir),
+            # The "image's" own files stay visible whatever the pod mounts over them
+            # (an emptyDir at /tmp must not hide a checkout that lives under /tmp).
+            "keep": sorted({str(REPO_ROOT), sys.prefix}),
             "argv": argv,
             "env": env,
         }

@@ -7,6 +7,10 @@ host: the nearest existing ancestor is covered by a tmpfs on which every origina
 is bind-mounted back, and the missing directories are created in that tmpfs. For a
 missing top-level directory (`/data`) that ancestor is `/`: the container then gets a
 tmpfs root showing the host's top-level entries and is chrooted into it.
+
+Sources are opened (O_PATH) before anything is mounted and bound from /proc/self/fd, so a
+volume mounted over a directory never hides the source of a later one; the plan's `keep`
+paths (the checkout and its venv: the "image") are bound back where a volume covers them.
 """
 
 from __future__ import annotations
@@ -92,10 +96,14 @@ def main(plan_path: str) -> None:
         _mount("tmpfs", str(root), "tmpfs")
         _populate(root, Path("/"))
         writable.add(root)
+    # Held open before anything is mounted: bound from /proc/self/fd whatever covers them.
+    source_fds = [os.open(m["source"], os.O_PATH) for m in mounts]
+    source_dirs = [Path(m["source"]).is_dir() for m in mounts]
+    keep = [Path(k) for k in plan.get("keep", []) if Path(k).is_dir()]
+    keep_fds = [os.open(k, os.O_PATH) for k in keep]
     for n, m in enumerate(mounts):
-        source = Path(m["source"])
         target = resolve_in(root, m["target"])
-        directory = target if source.is_dir() else target.parent
+        directory = target if source_dirs[n] else target.parent
         if not directory.exists():
             ancestor = directory
             while not ancestor.exists():
@@ -104,11 +112,21 @@ def main(plan_path: str) -> None:
                 _shadow(ancestor, stage / f"shadow-{n}")
                 writable.add(ancestor)
             directory.mkdir(parents=True, exist_ok=True)
-        if not source.is_dir() and not target.exists():
+        if not source_dirs[n] and not target.exists():
             target.touch()
-        _mount(str(source), str(target), flags=MS_BIND)
+        _mount(f"/proc/self/fd/{source_fds[n]}", str(target), flags=MS_BIND)
         if m.get("readOnly"):
             _mount("none", str(target), flags=MS_REMOUNT | MS_BIND | MS_RDONLY)
+    for path, fd in zip(keep, keep_fds, strict=True):
+        covered = any(
+            path != Path(m["target"]) and path.is_relative_to(m["target"]) for m in mounts
+        )
+        if covered:
+            where = resolve_in(root, str(path))
+            where.mkdir(parents=True, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", str(where), flags=MS_BIND | MS_REC)
+    for fd in [*source_fds, *keep_fds]:
+        os.close(fd)
     if root != Path("/"):
         os.chroot(root)
     os.chdir(plan["cwd"])
