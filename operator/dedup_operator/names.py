@@ -74,6 +74,15 @@ def disruption_budget(pipeline: str) -> str:
     return f"{pipeline}-workers"
 
 
+RECONCILIATION_SUMMARY_KEY: Final = "summary.json"
+"""The key of the audit's JSON summary in the result ConfigMap."""
+
+
+def reconciliation_result(pipeline: str) -> str:
+    """The ConfigMap the audit job writes its summary into and the operator reads."""
+    return f"{pipeline}-reconciliation"
+
+
 _POD = re.compile(r"^(?P<pipeline>.+)-p(?P<partition>[0-9]+)-e(?P<epoch>[0-9]+)$")
 
 

@@ -1,0 +1,193 @@
+"""Reading a pipeline's topics in Spark, and the worker's id rules applied to them.
+
+`read_topic` is Spark's Kafka source in batch mode as every job here uses it: read
+committed (aborted transactions and markers are skipped), headers included, and a
+short `kafkaConsumer.pollTimeoutMs` (Spark's default of 120 s is what a batch of only
+transaction markers can wait). `with_ids` adds the id and the dead-letter reason of each
+record by calling `dedup_worker.ids.extract_id` in a `mapInArrow` UDF: the worker's own
+rules, imported, never re-implemented in SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from dedup_worker.ids import IdSpec, InvalidRecord, extract_id
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+POLL_TIMEOUT_MS: Final = 10_000
+"""How long one Kafka poll may wait (Spark's default is 120 s)."""
+
+RECORD_COLUMNS: Final = ("partition", "offset", "timestamp_ms", "key", "value", "headers")
+
+# librdkafka setting names that differ in the Java client Spark uses.
+_JAVA_NAMES: Final = {"sasl.mechanisms": "sasl.mechanism"}
+_LIBRDKAFKA_ONLY: Final = frozenset({"sasl.username", "sasl.password"})
+
+
+class SourceError(Exception):
+    """The topics cannot be read as configured (a message for a person)."""
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Where the topics are: bootstrap servers and the client settings (librdkafka names,
+    the worker's `DEDUP_KAFKA_CONFIG`), translated for the Java client."""
+
+    bootstrap_servers: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def spark_options(self) -> dict[str, str]:
+        """`kafka.*` options for Spark's Kafka source and sink."""
+        options = {"kafka.bootstrap.servers": self.bootstrap_servers}
+        username = self.settings.get("sasl.username")
+        password = self.settings.get("sasl.password")
+        for name, value in self.settings.items():
+            if name in _LIBRDKAFKA_ONLY:
+                continue
+            options["kafka." + _JAVA_NAMES.get(name, name)] = value
+        if username is not None and password is not None:
+            mechanism = self.settings.get("sasl.mechanisms", "PLAIN").upper()
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if mechanism == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            options["kafka.sasl.jaas.config"] = (
+                f'{module} required username="{_jaas_quote(username)}" '
+                f'password="{_jaas_quote(password)}";'
+            )
+        return options
+
+
+def _jaas_quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    """`key=value[,key=value]`, the worker's `--kafka-config` format."""
+    settings: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise SourceError(f"Kafka setting {item!r} is not key=value")
+        settings[name.strip()] = value.strip()
+    return settings
+
+
+def read_topic(
+    spark: SparkSession,
+    kafka: KafkaSource,
+    topic: str,
+    *,
+    since_ms: int | None = None,
+    offsets: Mapping[int, tuple[int, int]] | None = None,
+) -> DataFrame:
+    """The committed records of `topic` as (partition, offset, timestamp_ms, key, value,
+    headers), from `since_ms` (record timestamp; partitions with nothing that recent
+    contribute nothing) or the earliest offset, to the last stable offset; or exactly the
+    per-partition `[start, end)` offset ranges in `offsets`."""
+    reader = spark.read.format("kafka").options(**kafka.spark_options())
+    reader = (
+        reader.option("subscribe", topic)
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        .option("kafkaConsumer.pollTimeoutMs", str(POLL_TIMEOUT_MS))
+        .option("failOnDataLoss", "false")
+    )
+    if offsets is not None:
+        reader = reader.option(
+            "startingOffsets", _offsets_json(topic, {p: s for p, (s, _) in offsets.items()})
+        ).option("endingOffsets", _offsets_json(topic, {p: e for p, (_, e) in offsets.items()}))
+    elif since_ms is not None:
+        reader = (
+            reader.option("startingTimestamp", str(max(0, since_ms)))
+            .option("startingOffsetsByTimestampStrategy", "latest")
+            .option("endingOffsets", "latest")
+        )
+    else:
+        reader = reader.option("startingOffsets", "earliest").option("endingOffsets", "latest")
+    return reader.load().selectExpr(
+        "partition",
+        "offset",
+        "unix_millis(timestamp) AS timestamp_ms",
+        "key",
+        "value",
+        "headers",
+    )
+
+
+def _offsets_json(topic: str, per_partition: Mapping[int, int]) -> str:
+    import json
+
+    return json.dumps({topic: {str(p): o for p, o in sorted(per_partition.items())}})
+
+
+IDS_SCHEMA: Final = "partition INT, offset BIGINT, timestamp_ms BIGINT, id STRING, reason STRING"
+
+
+def with_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
+    """(partition, offset, timestamp_ms, id, reason) per record: `id` under the pipeline's
+    rules, or null with the dead-letter `reason` code the worker would give."""
+    wanted = ["partition", "offset", "timestamp_ms"]
+    wanted += ["headers"] if spec.source == "header" else ["key"] if spec.source == "key" else []
+    wanted += ["value"] if spec.source == "jsonField" else []
+
+    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from (extract_ids(batch, spec) for batch in batches)
+
+    return records.select(*wanted).mapInArrow(extract, IDS_SCHEMA)
+
+
+def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
+    """One Arrow batch of Kafka rows -> the same rows' ids and reasons (runs in executors)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    size = batch.num_rows
+    keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * size
+    values = (
+        batch.column(names.index("value")).to_pylist() if "value" in names else [None] * size
+    )
+    if "headers" in names:
+        headers = [
+            None if hs is None else [(h["key"], h["value"]) for h in hs]
+            for hs in batch.column(names.index("headers")).to_pylist()
+        ]
+    else:
+        headers = [None] * size
+    ids: list[str | None] = []
+    reasons: list[str | None] = []
+    for key, value, hs in zip(keys, values, headers, strict=True):
+        try:
+            ids.append(extract_id(spec, key, value, hs))
+            reasons.append(None)
+        except InvalidRecord as invalid:
+            ids.append(None)
+            reasons.append(invalid.reason)
+    return pa.RecordBatch.from_arrays(
+        [
+            batch.column(names.index("partition")),
+            batch.column(names.index("offset")),
+            batch.column(names.index("timestamp_ms")),
+            pa.array(ids, pa.string()),
+            pa.array(reasons, pa.string()),
+        ],
+        names=["partition", "offset", "timestamp_ms", "id", "reason"],
+    )
+
+
+def with_header(records: DataFrame, name: str, column: str) -> DataFrame:
+    """`records` plus `column`: the UTF-8 text of the last header called `name` (or null)."""
+    from pyspark.sql import functions as F
+
+    matching = F.filter("headers", lambda h: h["key"] == F.lit(name))
+    return records.withColumn(
+        column,
+        F.when(F.size(matching) > 0, F.element_at(matching, -1)["value"].cast("string")),
+    )
