@@ -80,6 +80,9 @@ def local_spark_session(
     (work_dir / "tmp").mkdir(exist_ok=True)
     # Loopback only, and no "hostname resolves to a loopback address" warning.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # PySpark takes the Python of its UDF workers from this variable, not from
+    # spark.pyspark.python: without it they run a bare python3 that lacks the project.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -151,9 +151,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
     names = batch.schema.names
     size = batch.num_rows
     keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * size
-    values = (
-        batch.column(names.index("value")).to_pylist() if "value" in names else [None] * size
-    )
+    values = batch.column(names.index("value")).to_pylist() if "value" in names else [None] * size
     if "headers" in names:
         headers = [
             None if hs is None else [(h["key"], h["value"]) for h in hs]

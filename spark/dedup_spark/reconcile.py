@@ -1,0 +1,584 @@
+"""`dedup-reconcile`: the independent, end-to-end audit of a pipeline's exactly-once claim.
+
+Reads the input, output and dead-letter topics with Spark's Kafka source (read
+committed), applies the worker's id rules (`source.with_ids`), and audits each
+partition with the pure rules of `audit.py` inside Spark (one group per partition).
+Writes the findings (Parquet, one row per finding), the per-partition counts (Parquet)
+and `summary.json` to `--report-dir`, and the summary into the ConfigMap
+`<pipeline>-reconciliation` (`--configmap`), which the operator reads into the
+pipeline's status.
+
+Exit codes: 0 the audit passed, 1 it failed (the summary says what), 2 it could not run
+(bad arguments, Kafka, Spark or the API server refusing) -- one log line says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from dedup_spark import audit
+from dedup_spark.source import (
+    KafkaSource,
+    SourceError,
+    parse_settings,
+    read_topic,
+    with_header,
+    with_ids,
+)
+from dedup_worker.config import default_consumer_group
+from dedup_worker.ids import ID_SOURCES, IdSpec
+from dedup_worker.logs import configure
+from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
+from dedup_worker.window import parse_duration_ms
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("dedup_spark.reconcile")
+
+EXIT_PASSED: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_ERROR: Final = 2
+
+INPUT, OUTPUT, DEAD = 0, 1, 2
+COUNTS_KIND: Final = "counts"
+RESULT_SCHEMA: Final = (
+    "partition INT, kind STRING, id STRING, offset BIGINT, timestamp_ms BIGINT, detail STRING"
+)
+
+
+class JobError(Exception):
+    """The audit cannot run as asked; the message is for a person."""
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """Everything one audit run needs (from the command line)."""
+
+    pipeline: str
+    namespace: str
+    kafka: KafkaSource
+    input_topic: str
+    output_topic: str
+    dead_letter_topic: str | None
+    id_spec: IdSpec
+    window_ms: int
+    slack_ms: int
+    audit_range: audit.AuditRange
+    report_dir: str
+    consumer_group: str | None  # None: audit all input, committed or not
+    configmap: str | None = None
+    kubeconfig: str | None = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def read_since_ms(self) -> int | None:
+        """How far back to read: the range's start minus a window (earlier publications)."""
+        if self.audit_range.from_ms is None:
+            return None
+        return self.audit_range.from_ms - self.window_ms - self.slack_ms
+
+
+# --- the audit in Spark ----------------------------------------------------------------
+
+
+def audit_frame(spark: SparkSession, job: AuditJob, committed: Mapping[int, int]) -> DataFrame:
+    """One row per finding plus one `counts` row per partition (RESULT_SCHEMA)."""
+    from pyspark.sql import functions as F
+
+    since = job.read_since_ms
+    offsets = job.audit_range.offsets
+    inputs = with_ids(
+        read_topic(spark, job.kafka, job.input_topic, since_ms=since, offsets=offsets),
+        job.id_spec,
+    ).select(F.lit(INPUT).alias("kind"), "partition", "offset", "timestamp_ms", "id", "reason")
+    outputs = with_ids(
+        read_topic(spark, job.kafka, job.output_topic, since_ms=since), job.id_spec
+    ).select(F.lit(OUTPUT).alias("kind"), "partition", "offset", "timestamp_ms", "id", "reason")
+    frames = [inputs, outputs]
+    if job.dead_letter_topic:
+        dead = read_topic(spark, job.kafka, job.dead_letter_topic, since_ms=since)
+        for name, column in (
+            (DLQ_TOPIC, "origin_topic"),
+            (DLQ_PARTITION, "origin_partition"),
+            (DLQ_OFFSET, "origin_offset"),
+            (DLQ_REASON, "reason"),
+        ):
+            dead = with_header(dead, name, column)
+        frames.append(
+            dead.where(F.col("origin_topic") == F.lit(job.input_topic)).select(
+                F.lit(DEAD).alias("kind"),
+                F.col("origin_partition").cast("int").alias("partition"),
+                F.col("origin_offset").cast("long").alias("offset"),
+                "timestamp_ms",
+                F.lit(None).cast("string").alias("id"),
+                "reason",
+            )
+        )
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+
+    settings = _PartitionAudit(
+        job.audit_range, job.window_ms, job.slack_ms, dict(committed), job.consumer_group
+    )
+
+    def audit_group(table: pa.Table) -> pa.Table:  # Spark counts a callable object's `self`
+        return settings(table)
+
+    return union.groupBy("partition").applyInArrow(audit_group, RESULT_SCHEMA)
+
+
+@dataclass(frozen=True)
+class _PartitionAudit:
+    """The per-partition function Spark runs (pickled to the executors)."""
+
+    audit_range: audit.AuditRange
+    window_ms: int
+    slack_ms: int
+    committed: dict[int, int]
+    consumer_group: str | None
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        import pyarrow as pa
+
+        table = table.sort_by([("kind", "ascending"), ("offset", "ascending")])
+        kinds = table.column("kind").to_pylist()
+        if not kinds:
+            return pa.Table.from_pylist([], schema=_result_schema())
+        partition = int(table.column("partition")[0].as_py())
+        offsets = table.column("offset").to_pylist()
+        stamps = table.column("timestamp_ms").to_pylist()
+        ids = table.column("id").to_pylist()
+        reasons = table.column("reason").to_pylist()
+        inputs: list[audit.InputRecord] = []
+        outputs: list[audit.OutputRecord] = []
+        dead: list[audit.DeadLetter] = []
+        for kind, offset, stamp, mid, reason in zip(
+            kinds, offsets, stamps, ids, reasons, strict=True
+        ):
+            if kind == INPUT:
+                inputs.append(audit.InputRecord(offset, stamp, mid, reason))
+            elif kind == OUTPUT:
+                outputs.append(audit.OutputRecord(offset, stamp, mid))
+            else:
+                dead.append(audit.DeadLetter(offset, stamp, reason))
+        committed = self.committed.get(partition, 0) if self.consumer_group is not None else None
+        result = audit.audit_partition(
+            partition,
+            inputs,
+            outputs,
+            dead,
+            audit_range=self.audit_range,
+            window_ms=self.window_ms,
+            slack_ms=self.slack_ms,
+            committed_offset=committed,
+        )
+        rows = [
+            {
+                "partition": partition,
+                "kind": f.kind,
+                "id": f.id,
+                "offset": f.offset,
+                "timestamp_ms": f.timestamp_ms,
+                "detail": f.detail,
+            }
+            for f in result.findings
+        ]
+        counts = {
+            **result.totals(),
+            "deadLetteredByReason": dict(result.dead_lettered_by_reason),
+            "committedOffset": committed,
+        }
+        rows.append(
+            {
+                "partition": partition,
+                "kind": COUNTS_KIND,
+                "id": None,
+                "offset": None,
+                "timestamp_ms": None,
+                "detail": json.dumps(counts, sort_keys=True),
+            }
+        )
+        return pa.Table.from_pylist(rows, schema=_result_schema())
+
+
+def _result_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("partition", pa.int32()),
+            ("kind", pa.string()),
+            ("id", pa.string()),
+            ("offset", pa.int64()),
+            ("timestamp_ms", pa.int64()),
+            ("detail", pa.string()),
+        ]
+    )
+
+
+def summarize(
+    job: AuditJob,
+    partition_counts: Mapping[int, Mapping[str, Any]],
+    started: datetime,
+    finished: datetime,
+) -> dict[str, Any]:
+    """The JSON summary (CONTRACTS.md) from the per-partition `counts` rows."""
+    parts = [{"partition": p, **partition_counts[p]} for p in sorted(partition_counts)]
+    totals = audit.add_totals(parts)
+    by_reason: dict[str, int] = {}
+    for part in parts:
+        for reason, n in part.get("deadLetteredByReason", {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + int(n)
+    rng = job.audit_range
+    return {
+        "pipeline": job.pipeline,
+        "namespace": job.namespace,
+        "runId": job.run_id,
+        "startedAt": _rfc3339(started),
+        "finishedAt": _rfc3339(finished),
+        "passed": audit.passed(totals),
+        "range": {
+            "from": None if rng.from_ms is None else _rfc3339(_from_ms(rng.from_ms)),
+            "to": None if rng.to_ms is None else _rfc3339(_from_ms(rng.to_ms)),
+            "offsets": None
+            if rng.offsets is None
+            else {str(p): list(b) for p, b in sorted(rng.offsets.items())},
+        },
+        "window": {"ms": job.window_ms, "slackMs": job.slack_ms},
+        "consumerGroup": job.consumer_group,
+        "totals": totals,
+        "deadLetteredByReason": dict(sorted(by_reason.items())),
+        "partitions": parts,
+        "report": job.report_dir,
+    }
+
+
+def run(spark: SparkSession, job: AuditJob) -> dict[str, Any]:
+    """Audit, write the report, and return the summary."""
+    started = datetime.now(UTC)
+    committed = committed_offsets(job) if job.consumer_group is not None else {}
+    result = audit_frame(spark, job, committed).cache()
+    try:
+        counts_rows = result.where(f"kind = '{COUNTS_KIND}'").collect()
+        report = job.report_dir.rstrip("/")
+        result.where(f"kind != '{COUNTS_KIND}'").coalesce(1).write.mode("overwrite").parquet(
+            f"{report}/findings"
+        )
+        partition_counts = {int(r["partition"]): json.loads(r["detail"]) for r in counts_rows}
+        spark.createDataFrame(
+            [(p, json.dumps(c, sort_keys=True)) for p, c in sorted(partition_counts.items())],
+            "partition INT, counts STRING",
+        ).coalesce(1).write.mode("overwrite").parquet(f"{report}/partitions")
+    finally:
+        result.unpersist()
+    summary = summarize(job, partition_counts, started, datetime.now(UTC))
+    _write_summary(job.report_dir, summary)
+    if job.configmap:
+        publish_summary(job, summary)
+    return summary
+
+
+def committed_offsets(job: AuditJob) -> dict[int, int]:
+    """The pipeline's committed input offsets per partition (0 where none is committed)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": job.kafka.bootstrap_servers,
+            **job.kafka.settings,
+            "group.id": job.consumer_group or "",
+            "enable.auto.commit": False,
+            "logger": logging.getLogger("librdkafka"),
+        }
+    )
+    try:
+        meta = consumer.list_topics(job.input_topic, timeout=30)
+        topic = meta.topics.get(job.input_topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise JobError(
+                f"input topic {job.input_topic} not found at {job.kafka.bootstrap_servers}"
+            )
+        wanted = [TopicPartition(job.input_topic, p) for p in sorted(topic.partitions)]
+        got = consumer.committed(wanted, timeout=30)
+    except KafkaException as exc:
+        raise JobError(
+            f"cannot read the committed offsets of group {job.consumer_group}: {exc}"
+        ) from None
+    finally:
+        consumer.close()
+    return {tp.partition: max(0, tp.offset) for tp in got}
+
+
+def _write_summary(report_dir: str, summary: Mapping[str, Any]) -> None:
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    if "://" in report_dir and not report_dir.startswith("file://"):
+        log.info("summary not written locally for a remote report location %s", report_dir)
+        return
+    path = Path(report_dir.removeprefix("file://")) / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
+    """Create or replace the result ConfigMap (the operator reads it into the status)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from dedup_operator import names
+    from dedup_operator.kube import api_client
+
+    try:
+        api = api_client(job.kubeconfig)
+    except Exception as exc:  # the kubernetes package raises its own ConfigException
+        raise JobError(f"cannot configure the API client: {exc}") from None
+    core = client.CoreV1Api(api)
+    name = job.configmap or names.reconciliation_result(job.pipeline)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {
+            names.LABEL_PIPELINE: job.pipeline,
+            names.LABEL_MANAGED_BY: names.MANAGER,
+            names.LABEL_COMPONENT: "reconciliation",
+        },
+    }
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {names.RECONCILIATION_SUMMARY_KEY: json.dumps(summary, sort_keys=True)},
+    }
+    try:
+        try:
+            current = core.read_namespaced_config_map(name, job.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            core.create_namespaced_config_map(job.namespace, cast(Any, body))
+        else:
+            # Keep what the operator added (its owner reference).
+            seen = current.metadata
+            if seen is not None:
+                metadata["ownerReferences"] = [
+                    api.sanitize_for_serialization(ref)  # type: ignore[no-untyped-call]
+                    for ref in seen.owner_references or []
+                ]
+                metadata["resourceVersion"] = seen.resource_version
+            core.replace_namespaced_config_map(name, job.namespace, cast(Any, body))
+    except ApiException as exc:
+        raise JobError(
+            f"cannot write ConfigMap {job.namespace}/{name}: {exc.status} {exc.reason}"
+        ) from None
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dedup-reconcile",
+        description=(
+            "Audit a pipeline end to end: read its input, output and dead-letter topics "
+            "(read committed) with Spark and report, per partition, ids published twice "
+            "within the window, valid input ids never published, output ids with no input, "
+            "output out of input order, and the counts."
+        ),
+        epilog=(
+            "Kafka client settings (security) come from --kafka-config or env "
+            "DEDUP_KAFKA_CONFIG, key=value[,key=value] in librdkafka names as for the worker. "
+            "Exit codes: 0 the audit passed, 1 it failed, 2 it could not run."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--namespace", default=os.environ.get("DEDUP_NAMESPACE", "default"))
+    p.add_argument("--bootstrap-servers", required=True)
+    p.add_argument("--kafka-config", default=os.environ.get("DEDUP_KAFKA_CONFIG", ""))
+    p.add_argument("--input-topic", required=True)
+    p.add_argument("--output-topic", required=True)
+    p.add_argument("--dead-letter-topic")
+    p.add_argument("--id-source", default="jsonField", choices=list(ID_SOURCES))
+    p.add_argument("--id-field", default="messageId")
+    p.add_argument("--window", required=True, help="the pipeline's window duration, e.g. 672h")
+    p.add_argument(
+        "--window-slack",
+        help="how much longer than --window the worker may keep an id (default: a quarter "
+        "of the window, the worker's 4 generations)",
+    )
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--lookback", help="audit input of the last DURATION (e.g. 24h)")
+    when.add_argument("--from", dest="from_", help="RFC 3339 start (with --to)")
+    when.add_argument(
+        "--offsets", help="per-partition input offset ranges P:START-END[,P:START-END]"
+    )
+    p.add_argument("--to", help="RFC 3339 end (default: now)")
+    p.add_argument(
+        "--consumer-group",
+        help="group whose committed offsets bound what is checked (default: dedup-<pipeline>)",
+    )
+    p.add_argument(
+        "--all-input",
+        action="store_true",
+        help="check all input in range, committed by the pipeline or not",
+    )
+    p.add_argument("--report-dir", required=True, help="directory or URL for the report")
+    p.add_argument(
+        "--configmap",
+        nargs="?",
+        const="",
+        help="write the summary into this ConfigMap (bare flag: <pipeline>-reconciliation)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig for --configmap (default: in-cluster)")
+    p.add_argument("--master", default="local[2]", help="local[N], k8s, or k8s://https://...")
+    p.add_argument("--image", help="executor image (--master k8s)")
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--executor-cores", type=int, default=1)
+    p.add_argument("--executor-memory", default="1g")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", default="json", choices=["json", "text"])
+    return p
+
+
+def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJob:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        window_ms = parse_duration_ms(args.window)
+        slack_ms = parse_duration_ms(args.window_slack) if args.window_slack else -(-window_ms // 4)
+        id_spec = IdSpec(args.id_source, args.id_field)
+        if args.offsets:
+            rng = audit.AuditRange(offsets=parse_offsets(args.offsets))
+        elif args.from_:
+            to_ms = _parse_time(args.to) if args.to else now_ms
+            rng = audit.AuditRange(_parse_time(args.from_), to_ms)
+        else:
+            lookback = parse_duration_ms(args.lookback or "24h")
+            to_ms = _parse_time(args.to) if args.to else now_ms
+            rng = audit.AuditRange(to_ms - lookback, to_ms)
+        settings = parse_settings(args.kafka_config)
+    except (ValueError, SourceError) as exc:
+        raise JobError(str(exc)) from None
+    if args.to and args.offsets:
+        raise JobError("--to goes with --from or --lookback, not --offsets")
+    group = None if args.all_input else args.consumer_group or default_consumer_group(args.pipeline)
+    return AuditJob(
+        pipeline=args.pipeline,
+        namespace=args.namespace,
+        kafka=KafkaSource(args.bootstrap_servers, settings),
+        input_topic=args.input_topic,
+        output_topic=args.output_topic,
+        dead_letter_topic=args.dead_letter_topic,
+        id_spec=id_spec,
+        window_ms=window_ms,
+        slack_ms=slack_ms,
+        audit_range=rng,
+        report_dir=args.report_dir,
+        consumer_group=group,
+        configmap=None if args.configmap is None else args.configmap or None,
+        kubeconfig=args.kubeconfig,
+    )
+
+
+def parse_offsets(text: str) -> dict[int, tuple[int, int]]:
+    ranges: dict[int, tuple[int, int]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            part, span = item.split(":")
+            start, end = span.split("-")
+            p, s, e = int(part), int(start), int(end)
+        except ValueError:
+            raise ValueError(f"offset range {item!r} is not PARTITION:START-END") from None
+        if p < 0 or s < 0 or e < s:
+            raise ValueError(f"offset range {item!r} is empty or negative")
+        ranges[p] = (s, e)
+    if not ranges:
+        raise ValueError("--offsets names no partition")
+    return ranges
+
+
+def _parse_time(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an RFC 3339 time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"time {text!r} has no zone (add Z)")
+    return int(moment.timestamp() * 1000)
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _session(args: argparse.Namespace, app_name: str) -> SparkSession:
+    from dedup_spark.session import SparkSettings, spark_session
+
+    return spark_session(
+        app_name,
+        SparkSettings(
+            master=args.master,
+            image=args.image,
+            executors=args.executors,
+            executor_cores=args.executor_cores,
+            executor_memory=args.executor_memory,
+        ),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure(args.log_level, args.log_format)
+    try:
+        job = job_from_args(args)
+    except JobError as exc:
+        log.error("bad arguments: %s", exc, extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    try:
+        spark = _session(args, f"dedup-reconcile-{job.pipeline}")
+    except Exception as exc:  # a JVM or cluster failing to start: one line, not a trace
+        log.error("cannot start Spark: %s", _first_line(exc), extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    try:
+        summary = run(spark, job)
+    except JobError as exc:
+        log.error("audit could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    except Exception as exc:  # Spark's Py4J/analysis errors carry a JVM trace
+        log.error("audit could not run: %s", _first_line(exc), extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    finally:
+        spark.stop()
+    totals = summary["totals"]
+    code = EXIT_PASSED if summary["passed"] else EXIT_FAILED
+    log.info(
+        "audit %s", "passed" if summary["passed"] else "FAILED", extra={"exit_code": code, **totals}
+    )
+    return code
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:500]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

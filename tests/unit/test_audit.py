@@ -1,0 +1,138 @@
+"""The reconciliation audit's rules (spark/dedup_spark/audit.py), pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from dedup_spark.audit import (
+    AuditRange,
+    DeadLetter,
+    InputRecord,
+    OutputRecord,
+    add_totals,
+    audit_partition,
+    passed,
+)
+
+W = 1_000  # window, ms
+ALL = AuditRange()
+
+
+def clean(n: int) -> tuple[list[InputRecord], list[OutputRecord]]:
+    inputs = [InputRecord(i, 10 * i, f"id-{i}") for i in range(n)]
+    outputs = [OutputRecord(i, 10 * i, f"id-{i}") for i in range(n)]
+    return inputs, outputs
+
+
+def test_a_clean_partition_passes_with_zeros() -> None:
+    inputs, outputs = clean(50)
+    result = audit_partition(0, inputs, outputs, [], audit_range=ALL, window_ms=W)
+    totals = result.totals()
+    assert result.passed and passed(totals)
+    assert totals["input"] == totals["valid"] == totals["distinct"] == totals["published"] == 50
+    assert totals["inputDuplicateRate"] == 0.0
+    assert all(totals[k] == 0 for k in ("duplicates", "missing", "unexpected", "orderViolations"))
+
+
+def test_repeats_within_the_window_are_dropped_and_counted_in_the_rate() -> None:
+    inputs = [InputRecord(0, 0, "a"), InputRecord(1, 5, "b"), InputRecord(2, 10, "a")]
+    outputs = [OutputRecord(0, 0, "a"), OutputRecord(1, 5, "b")]
+    totals = audit_partition(0, inputs, outputs, [], audit_range=ALL, window_ms=W).totals()
+    assert passed(totals)
+    assert (totals["valid"], totals["distinct"]) == (3, 2)
+    assert totals["inputDuplicateRate"] == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_planted_duplicates_missing_unexpected_and_reordering_are_each_counted() -> None:
+    inputs, outputs = clean(20)
+    outputs = [o for o in outputs if o.id not in ("id-3", "id-4")]  # 2 missing
+    outputs.append(OutputRecord(100, 10 * 7, "id-7"))  # duplicate
+    outputs.append(OutputRecord(101, 10 * 8, "id-8"))  # duplicate
+    outputs.append(OutputRecord(102, 500, "ghost"))  # unexpected
+    # reorder: swap the outputs of id-10 and id-11 (id-10 now after id-11: one violation)
+    i10 = next(i for i, o in enumerate(outputs) if o.id == "id-10")
+    outputs[i10], outputs[i10 + 1] = outputs[i10 + 1], outputs[i10]
+    outputs = [OutputRecord(i, o.timestamp_ms, o.id) for i, o in enumerate(outputs)]
+    result = audit_partition(3, inputs, outputs, [], audit_range=ALL, window_ms=W)
+    totals = result.totals()
+    assert (totals["duplicates"], totals["missing"], totals["unexpected"]) == (2, 2, 1)
+    assert totals["orderViolations"] == 1
+    assert not result.passed
+    assert {f.id for f in result.findings if f.kind == "missing"} == {"id-3", "id-4"}
+
+
+def test_repeats_beyond_the_window_must_be_published_again() -> None:
+    inputs = [InputRecord(0, 0, "a"), InputRecord(1, 3 * W, "a")]
+    both = [OutputRecord(0, 0, "a"), OutputRecord(1, 3 * W, "a")]
+    ok = audit_partition(0, inputs, both, [], audit_range=ALL, window_ms=W, slack_ms=W // 4)
+    assert ok.passed
+    first_only = audit_partition(
+        0, inputs, both[:1], [], audit_range=ALL, window_ms=W, slack_ms=W // 4
+    )
+    assert first_only.totals()["missing"] == 1
+
+
+def test_a_repeat_within_the_slack_may_be_dropped() -> None:
+    inputs = [InputRecord(0, 0, "a"), InputRecord(1, W + W // 8, "a")]
+    outputs = [OutputRecord(0, 0, "a")]
+    assert audit_partition(
+        0, inputs, outputs, [], audit_range=ALL, window_ms=W, slack_ms=W // 4
+    ).passed
+
+
+def test_dead_letters_are_counted_by_reason_and_required() -> None:
+    inputs = [
+        InputRecord(0, 0, None, "not_json"),
+        InputRecord(1, 1, "a"),
+        InputRecord(2, 2, None, "missing_id"),
+    ]
+    outputs = [OutputRecord(0, 1, "a")]
+    dead = [DeadLetter(0, 0, "not_json")]
+    result = audit_partition(0, inputs, outputs, dead, audit_range=ALL, window_ms=W)
+    totals = result.totals()
+    assert totals["deadLettered"] == 1 and dict(result.dead_lettered_by_reason) == {"not_json": 1}
+    assert totals["missingDeadLetters"] == 1  # offset 2 has none
+    assert (totals["input"], totals["valid"]) == (3, 1)
+
+
+def test_only_committed_input_is_checked() -> None:
+    inputs, outputs = clean(10)
+    result = audit_partition(
+        0, inputs, outputs[:6], [], audit_range=ALL, window_ms=W, committed_offset=6
+    )
+    assert result.passed
+    assert (result.input, result.pending) == (6, 4)
+
+
+def test_a_time_range_checks_its_records_and_looks_a_window_back_for_publications() -> None:
+    inputs = [InputRecord(0, 0, "a"), InputRecord(1, 500, "b"), InputRecord(2, 1200, "a")]
+    outputs = [OutputRecord(0, 0, "a"), OutputRecord(1, 500, "b")]
+    result = audit_partition(
+        0, inputs, outputs, [], audit_range=AuditRange(400, 2000), window_ms=W, slack_ms=300
+    )
+    assert result.passed  # "a" at 1200 is covered by its publication at 0 (window + slack)
+    assert (result.input, result.published) == (2, 1)
+
+
+def test_an_offset_range() -> None:
+    inputs, outputs = clean(10)
+    result = audit_partition(
+        2, inputs, outputs[:5], [], audit_range=AuditRange(offsets={2: (0, 5)}), window_ms=W
+    )
+    assert result.passed and result.input == 5 and result.published == 5
+
+
+def test_totals_add_up_across_partitions() -> None:
+    a = {"input": 10, "valid": 8, "distinct": 4, "duplicates": 1}
+    b = {"input": 5, "valid": 2, "distinct": 2}
+    totals = add_totals([a, b])
+    assert (totals["input"], totals["valid"], totals["distinct"]) == (15, 10, 6)
+    assert totals["inputDuplicateRate"] == pytest.approx(0.4)
+    assert not passed(totals)
+
+
+def test_a_range_is_times_or_offsets() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        AuditRange(from_ms=0, offsets={0: (0, 1)})
+    with pytest.raises(ValueError, match="before its end"):
+        AuditRange(5, 5)
