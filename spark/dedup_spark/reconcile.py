@@ -336,7 +336,7 @@ def _write_summary(report_dir: str, summary: Mapping[str, Any]) -> None:
 def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
     """Create or replace the result ConfigMap (the operator reads it into the status)."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     from dedup_operator import names
     from dedup_operator.kube import api_client

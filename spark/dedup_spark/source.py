@@ -25,6 +25,15 @@ POLL_TIMEOUT_MS: Final = 10_000
 
 RECORD_COLUMNS: Final = ("partition", "offset", "timestamp_ms", "key", "value", "headers")
 
+FETCH_DEFAULTS: Final = {
+    # Bigger fetches than the Java client's defaults (500 records, 1 MiB per partition):
+    # a batch audit reads whole partitions; measured 1.5x faster reads (bench/README.md).
+    "max.poll.records": "20000",
+    "max.partition.fetch.bytes": str(16 << 20),
+    "fetch.max.bytes": str(64 << 20),
+    "receive.buffer.bytes": str(4 << 20),
+}
+
 # librdkafka setting names that differ in the Java client Spark uses.
 _JAVA_NAMES: Final = {"sasl.mechanisms": "sasl.mechanism"}
 _LIBRDKAFKA_ONLY: Final = frozenset({"sasl.username", "sasl.password"})
@@ -43,8 +52,10 @@ class KafkaSource:
     settings: Mapping[str, str] = field(default_factory=dict)
 
     def spark_options(self) -> dict[str, str]:
-        """`kafka.*` options for Spark's Kafka source and sink."""
-        options = {"kafka.bootstrap.servers": self.bootstrap_servers}
+        """`kafka.*` options for Spark's Kafka source and sink (`FETCH_DEFAULTS` unless
+        the settings say otherwise)."""
+        options = {"kafka." + name: value for name, value in FETCH_DEFAULTS.items()}
+        options["kafka.bootstrap.servers"] = self.bootstrap_servers
         username = self.settings.get("sasl.username")
         password = self.settings.get("sasl.password")
         for name, value in self.settings.items():

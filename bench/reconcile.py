@@ -1,0 +1,332 @@
+"""Throughput of the reconciliation audit (`dedup-reconcile`), against a plain Python reader.
+
+    python bench/reconcile.py [--records 1000000 5000000] [--partitions 8]
+                              [--masters local[2]] [--skip-baseline]
+
+Workload per size: an input topic of 300-byte JSON records over 8 partitions with 10%
+repeats within the window and 0.1% invalid records, the output topic a correct worker
+would write (first occurrences, transactional) and the dead letters. Filled once per
+size (not timed).
+
+Ours: `dedup_spark.reconcile.run` on Spark (`local[2]`, or `k8s` with two executors
+when run inside a driver pod, see bench/README.md), timed twice: reading alone (the three
+topics through Spark's Kafka source and the worker's id rules, to a no-op sink) and the
+whole audit; computing = audit - reading.
+Baseline: one Python process reading the same topics with confluent-kafka (read
+committed), extracting ids with the same `dedup_worker.ids`, and running the same
+`dedup_spark.audit.audit_partition` per partition. Both must report the same counts.
+Prints records/s (input records audited per second of wall time) and the ratio.
+Target: >= 200,000 records/s on `local[2]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dedup_local.kafka import KafkaBroker, produce_all
+from dedup_spark import audit, reconcile
+from dedup_spark.source import KafkaSource, read_topic, with_ids
+from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
+from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
+
+REPEAT_SHARE = 0.10
+INVALID_SHARE = 0.001
+WINDOW_MS = 24 * 3_600_000
+SPEC = IdSpec("jsonField", "messageId")
+
+
+def records(
+    total: int, partitions: int, seed: int = 11
+) -> Iterator[tuple[int, bytes | None, bytes]]:
+    """(partition, id or None for invalid, value) in input order."""
+    rng = random.Random(seed)
+    recent: list[list[bytes]] = [[] for _ in range(partitions)]
+    for n in range(total):
+        p = n % partitions
+        roll = rng.random()
+        if roll < INVALID_SHARE:
+            yield p, None, b'{"messageId": null, "pad": "' + b"x" * 250 + b'"}'
+            continue
+        if roll < INVALID_SHARE + REPEAT_SHARE and recent[p]:
+            mid = recent[p][rng.randrange(len(recent[p]))]
+        else:
+            mid = f"evt-{n:012d}".encode()
+            recent[p].append(mid)
+            if len(recent[p]) > 1000:
+                recent[p].pop(0)
+        body = b'{"messageId": "' + mid + b'", "seq": ' + str(n).encode() + b', "pad": "'
+        yield p, mid, body + b"x" * max(0, 297 - len(body)) + b'"}'
+
+
+def fill(kafka: KafkaBroker, name: str, total: int, partitions: int) -> None:
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", partitions)
+    now = int(time.time() * 1000)
+    plain = Producer(
+        kafka.client_config(**{"linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4"})
+    )
+    out = Producer(
+        kafka.client_config(
+            **{
+                "linger.ms": 50,
+                "batch.size": 1_000_000,
+                "compression.type": "lz4",
+                "transactional.id": f"bench-{uuid.uuid4().hex}",
+            }
+        )
+    )
+    out.init_transactions(30)
+    offsets = [0] * partitions
+    published: list[set[bytes]] = [set() for _ in range(partitions)]
+    ins: list[dict[str, Any]] = []
+    outs: list[dict[str, Any]] = []
+    for p, mid, value in records(total, partitions):
+        ins.append({"value": value, "partition": p, "timestamp": now})
+        if mid is None:
+            outs.append(
+                {
+                    "topic": f"{name}-dlq",
+                    "value": value,
+                    "partition": p,
+                    "timestamp": now,
+                    "headers": [
+                        (DLQ_REASON, b"id_null"),
+                        (DLQ_TOPIC, f"{name}-in".encode()),
+                        (DLQ_PARTITION, str(p).encode()),
+                        (DLQ_OFFSET, str(offsets[p]).encode()),
+                    ],
+                }
+            )
+        elif mid not in published[p]:
+            published[p].add(mid)
+            outs.append(
+                {
+                    "topic": f"{name}-out",
+                    "value": value,
+                    "partition": p,
+                    "timestamp": now,
+                    "headers": [(ID_HEADER, mid)],
+                }
+            )
+        offsets[p] += 1
+        if len(ins) >= 100_000:
+            _flush(plain, out, name, ins, outs)
+    _flush(plain, out, name, ins, outs)
+
+
+def _flush(
+    plain: Producer, out: Producer, name: str, ins: list[dict[str, Any]], outs: list[dict[str, Any]]
+) -> None:
+    produce_all(plain, f"{name}-in", iter(ins), timeout_s=300)
+    out.begin_transaction()
+    for r in outs:
+        topic = r.pop("topic")
+        while True:
+            try:
+                out.produce(topic, **r)
+                break
+            except BufferError:
+                out.poll(0.1)
+    out.commit_transaction(120)
+    ins.clear()
+    outs.clear()
+
+
+def job(kafka: KafkaBroker, name: str, report: Path) -> reconcile.AuditJob:
+    return reconcile.AuditJob(
+        pipeline=name,
+        namespace="bench",
+        kafka=KafkaSource(kafka.bootstrap),
+        input_topic=f"{name}-in",
+        output_topic=f"{name}-out",
+        dead_letter_topic=f"{name}-dlq",
+        id_spec=SPEC,
+        window_ms=WINDOW_MS,
+        slack_ms=WINDOW_MS // 4,
+        audit_range=audit.AuditRange(),
+        report_dir=str(report),
+        consumer_group=None,
+    )
+
+
+def run_spark(spark: Any, kafka: KafkaBroker, name: str, report: Path) -> dict[str, Any]:
+    src = KafkaSource(kafka.bootstrap)
+    start = time.perf_counter()
+    for suffix in ("in", "out"):
+        with_ids(read_topic(spark, src, f"{name}-{suffix}"), SPEC).write.format("noop").mode(
+            "overwrite"
+        ).save()
+    read_topic(spark, src, f"{name}-dlq").write.format("noop").mode("overwrite").save()
+    reading = time.perf_counter() - start
+    start = time.perf_counter()
+    summary = reconcile.run(spark, job(kafka, name, report))
+    total = time.perf_counter() - start
+    return {"reading_s": reading, "total_s": total, "totals": summary["totals"]}
+
+
+def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    inputs: dict[int, list[audit.InputRecord]] = defaultdict(list)
+    outputs: dict[int, list[audit.OutputRecord]] = defaultdict(list)
+    dead: dict[int, list[audit.DeadLetter]] = defaultdict(list)
+    for msg in _read(kafka, f"{name}-in", partitions):
+        try:
+            rec = audit.InputRecord(
+                msg.offset(),
+                msg.timestamp()[1],
+                extract_id(SPEC, msg.key(), msg.value(), msg.headers()),
+            )
+        except InvalidRecord as bad:
+            rec = audit.InputRecord(msg.offset(), msg.timestamp()[1], None, bad.reason)
+        inputs[msg.partition()].append(rec)
+    for msg in _read(kafka, f"{name}-out", partitions):
+        try:
+            mid: str | None = extract_id(SPEC, msg.key(), msg.value(), msg.headers())
+        except InvalidRecord:
+            mid = None
+        outputs[msg.partition()].append(audit.OutputRecord(msg.offset(), msg.timestamp()[1], mid))
+    for msg in _read(kafka, f"{name}-dlq", partitions):
+        headers = {k: v for k, v in msg.headers() or []}
+        origin = int(headers[DLQ_PARTITION] or b"-1")
+        reason = (headers.get(DLQ_REASON) or b"").decode() or None
+        dead[origin].append(
+            audit.DeadLetter(int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason)
+        )
+    reading = time.perf_counter() - start
+    parts = []
+    for p in range(partitions):
+        result = audit.audit_partition(
+            p,
+            sorted(inputs[p]),
+            sorted(outputs[p]),
+            dead[p],
+            audit_range=audit.AuditRange(),
+            window_ms=WINDOW_MS,
+            slack_ms=WINDOW_MS // 4,
+        )
+        parts.append(result.totals())
+    total = time.perf_counter() - start
+    return {"reading_s": reading, "total_s": total, "totals": audit.add_totals(parts)}
+
+
+def _read(kafka: KafkaBroker, topic: str, partitions: int) -> Iterator[Any]:
+    consumer = Consumer(
+        kafka.client_config(
+            **{
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    open_parts = set(range(partitions))
+    try:
+        while open_parts:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error() is None:
+                    yield msg
+                elif msg.error().code() == -191:  # _PARTITION_EOF
+                    open_parts.discard(msg.partition())
+    finally:
+        consumer.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 5_000_000])
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--masters", nargs="+", default=["local[2]"])
+    parser.add_argument("--skip-baseline", action="store_true")
+    args = parser.parse_args()
+
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-reconcile-")))
+        kafka = stack.enter_context(KafkaBroker())
+        rows = []
+        for total in args.records:
+            name = f"bench-{total}-{uuid.uuid4().hex[:6]}"
+            t0 = time.perf_counter()
+            fill(kafka, name, total, args.partitions)
+            print(f"filled {total:,} records in {time.perf_counter() - t0:.0f}s", flush=True)
+            baseline = None if args.skip_baseline else run_plain(kafka, name, args.partitions)
+            if baseline:
+                print(f"  plain python: {baseline['total_s']:.1f}s", flush=True)
+            for master in args.masters:
+                spark = _session(master, work)
+                try:
+                    spark_run(spark, kafka, name, work)  # warm-up: JVM, jars, Python workers
+                    ours = spark_run(spark, kafka, name, work)
+                finally:
+                    spark.stop()
+                print(f"  spark {master}: {ours['total_s']:.1f}s", flush=True)
+                if baseline and ours["totals"] != baseline["totals"]:
+                    print(f"COUNTS DIFFER: spark {ours['totals']} plain {baseline['totals']}")
+                    return 1
+                rows.append((total, master, ours, baseline))
+        _print(rows)
+    return 0
+
+
+def spark_run(spark: Any, kafka: KafkaBroker, name: str, work: Path) -> dict[str, Any]:
+    return run_spark(spark, kafka, name, work / f"report-{uuid.uuid4().hex[:6]}")
+
+
+def _session(master: str, work: Path) -> Any:
+    from dedup_local.spark import local_spark_session
+
+    return local_spark_session(
+        "bench-reconcile",
+        master,
+        work_dir=work / "spark",
+        conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"},
+    )
+
+
+def _print(rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]) -> None:
+    print()
+    print(
+        "| records | runner | reading s | computing s | total s | records/s | vs plain Python | target |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    for total, master, ours, base in rows:
+        rate = total / ours["total_s"]
+        target = "met" if rate >= 200_000 else "MISSED"
+        line = (
+            f"| {total:,} | spark {master} | {ours['reading_s']:.1f} | "
+            f"{max(0.0, ours['total_s'] - ours['reading_s']):.1f} | {ours['total_s']:.1f} | "
+            f"{rate:,.0f} |"
+        )
+        if base:
+            base_rate = total / base["total_s"]
+            line += f" {rate / base_rate:.2f}x | >= 200,000: {target} |"
+            print(line)
+            print(
+                f"| {total:,} | plain Python | {base['reading_s']:.1f} | "
+                f"{base['total_s'] - base['reading_s']:.1f} | {base['total_s']:.1f} | "
+                f"{base_rate:,.0f} | 1.00x | |"
+            )
+        else:
+            print(line + f" | >= 200,000: {target} |")
+    totals = rows[-1][2]["totals"] if rows else {}
+    print(f"\nlast audit's totals: {json.dumps(totals, sort_keys=True)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
