@@ -153,28 +153,26 @@ class _PartitionAudit:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
-        table = table.sort_by([("kind", "ascending"), ("offset", "ascending")])
-        kinds = table.column("kind").to_pylist()
-        if not kinds:
+        if table.num_rows == 0:
             return pa.Table.from_pylist([], schema=_result_schema())
+        table = table.sort_by([("kind", "ascending"), ("offset", "ascending")])
         partition = int(table.column("partition")[0].as_py())
-        offsets = table.column("offset").to_pylist()
-        stamps = table.column("timestamp_ms").to_pylist()
-        ids = table.column("id").to_pylist()
-        reasons = table.column("reason").to_pylist()
-        inputs: list[audit.InputRecord] = []
-        outputs: list[audit.OutputRecord] = []
-        dead: list[audit.DeadLetter] = []
-        for kind, offset, stamp, mid, reason in zip(
-            kinds, offsets, stamps, ids, reasons, strict=True
-        ):
-            if kind == INPUT:
-                inputs.append(audit.InputRecord(offset, stamp, mid, reason))
-            elif kind == OUTPUT:
-                outputs.append(audit.OutputRecord(offset, stamp, mid))
-            else:
-                dead.append(audit.DeadLetter(offset, stamp, reason))
+
+        def of_kind(kind: int, names: tuple[str, ...]) -> zip[tuple[Any, ...]]:
+            part = table.filter(pc.equal(table.column("kind"), kind))
+            return zip(*(part.column(name).to_pylist() for name in names), strict=True)
+
+        inputs = list(
+            map(audit.InputRecord._make, of_kind(INPUT, ("offset", "timestamp_ms", "id", "reason")))
+        )
+        outputs = list(
+            map(audit.OutputRecord._make, of_kind(OUTPUT, ("offset", "timestamp_ms", "id")))
+        )
+        dead = list(
+            map(audit.DeadLetter._make, of_kind(DEAD, ("offset", "timestamp_ms", "reason")))
+        )
         committed = self.committed.get(partition, 0) if self.consumer_group is not None else None
         result = audit.audit_partition(
             partition,
