@@ -10,7 +10,7 @@ rules, imported, never re-implemented in SQL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -149,7 +149,7 @@ def with_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
     wanted += ["headers"] if spec.source == "header" else ["key"] if spec.source == "key" else []
     wanted += ["value"] if spec.source == "jsonField" else []
 
-    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from (extract_ids(batch, spec) for batch in batches)
 
     return records.select(*wanted).mapInArrow(extract, IDS_SCHEMA)
