@@ -52,6 +52,7 @@ EXIT_PASSED: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_ERROR: Final = 2
 
+METADATA_TIMEOUT_S: Final = 20
 INPUT, OUTPUT, DEAD = 0, 1, 2
 COUNTS_KIND: Final = "counts"
 RESULT_SCHEMA: Final = (
@@ -265,10 +266,14 @@ def summarize(
     }
 
 
-def run(spark: SparkSession, job: AuditJob) -> dict[str, Any]:
-    """Audit, write the report, and return the summary."""
+def run(
+    spark: SparkSession, job: AuditJob, committed: Mapping[int, int] | None = None
+) -> dict[str, Any]:
+    """Audit, write the report, and return the summary. `committed`: from
+    `committed_offsets(job)`, read here if not given."""
     started = datetime.now(UTC)
-    committed = committed_offsets(job) if job.consumer_group is not None else {}
+    if committed is None:
+        committed = committed_offsets(job)
     result = audit_frame(spark, job, committed).cache()
     try:
         counts_rows = result.where(f"kind = '{COUNTS_KIND}'").collect()
@@ -291,31 +296,34 @@ def run(spark: SparkSession, job: AuditJob) -> dict[str, Any]:
 
 
 def committed_offsets(job: AuditJob) -> dict[int, int]:
-    """The pipeline's committed input offsets per partition (0 where none is committed)."""
+    """Check that the topics exist, and read the pipeline's committed input offsets per
+    partition (0 where none is committed; empty without a consumer group)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(
         {
             "bootstrap.servers": job.kafka.bootstrap_servers,
             **job.kafka.settings,
-            "group.id": job.consumer_group or "",
+            "group.id": job.consumer_group or f"dedup-reconcile-{job.run_id}",
             "enable.auto.commit": False,
             "logger": logging.getLogger("librdkafka"),
         }
     )
+    topics = [job.input_topic, job.output_topic, *filter(None, [job.dead_letter_topic])]
     try:
-        meta = consumer.list_topics(job.input_topic, timeout=30)
-        topic = meta.topics.get(job.input_topic)
-        if topic is None or topic.error is not None or not topic.partitions:
+        meta = consumer.list_topics(timeout=METADATA_TIMEOUT_S)
+        absent = [t for t in topics if t not in meta.topics or meta.topics[t].error is not None]
+        if absent:
             raise JobError(
-                f"input topic {job.input_topic} not found at {job.kafka.bootstrap_servers}"
+                f"topic(s) {', '.join(absent)} not found at {job.kafka.bootstrap_servers}"
             )
-        wanted = [TopicPartition(job.input_topic, p) for p in sorted(topic.partitions)]
-        got = consumer.committed(wanted, timeout=30)
+        if job.consumer_group is None:
+            return {}
+        partitions = sorted(meta.topics[job.input_topic].partitions)
+        wanted = [TopicPartition(job.input_topic, p) for p in partitions]
+        got = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
-        raise JobError(
-            f"cannot read the committed offsets of group {job.consumer_group}: {exc}"
-        ) from None
+        raise JobError(f"Kafka at {job.kafka.bootstrap_servers}: {exc.args[0]}") from None
     finally:
         consumer.close()
     return {tp.partition: max(0, tp.offset) for tp in got}
@@ -551,12 +559,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("bad arguments: %s", exc, extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR
     try:
+        committed = committed_offsets(job)  # fails fast, before Spark starts
+    except JobError as exc:
+        log.error("audit could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    try:
         spark = _session(args, f"dedup-reconcile-{job.pipeline}")
     except Exception as exc:  # a JVM or cluster failing to start: one line, not a trace
         log.error("cannot start Spark: %s", _first_line(exc), extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR
     try:
-        summary = run(spark, job)
+        summary = run(spark, job, committed)
     except JobError as exc:
         log.error("audit could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR

@@ -9,15 +9,19 @@ with zeros.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
+from kubernetes.client import CoreV1Api
 from pyspark.sql import SparkSession
 
 from dedup_local.kafka import KafkaBroker
@@ -26,6 +30,7 @@ from dedup_spark.audit import AuditRange
 from dedup_spark.source import KafkaSource
 from dedup_worker.ids import ID_HEADER, IdSpec
 from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DedupWorker
+from support.kube_fixtures import KubeNamespace
 from support.worker_helpers import event, produce, run_until_consumed, unique, worker_config
 
 pytestmark = pytest.mark.integration
@@ -212,3 +217,77 @@ def test_a_clean_worker_run_passes_with_zeros(
     assert (totals["input"], totals["valid"], totals["distinct"]) == (1002, 1000, 700)
     assert (totals["published"], totals["deadLettered"], totals["pending"]) == (700, 2, 0)
     assert summary["deadLetteredByReason"] == {"not_json": 1, "not_object": 1}
+
+
+def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("dedup-reconcile")
+    return subprocess.run(
+        [str(exe), "--log-format", "text", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_the_command_fails_the_audit_with_exit_1_and_publishes_the_summary(
+    kafka: KafkaBroker, kube_namespace: KubeNamespace, tmp_path: Path
+) -> None:
+    name = unique("auditcli")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 2)
+    now = int(time.time() * 1000)
+    ids = [f"id-{i}" for i in range(100)]
+    produce_records(
+        kafka,
+        f"{name}-in",
+        [Rec(i % 2, now + i, event(mid)) for i, mid in enumerate(ids)],
+        transactional=False,
+    )
+    # Everything published once, id-7 twice (partition 1).
+    published = [Rec(i % 2, now + i, event(mid)) for i, mid in enumerate(ids)]
+    produce_records(kafka, f"{name}-out", [*published, published[7]])
+
+    result = run_cli(
+        *("--pipeline", name, "--namespace", kube_namespace.name),
+        *("--bootstrap-servers", kafka.bootstrap),
+        *("--input-topic", f"{name}-in", "--output-topic", f"{name}-out"),
+        *("--dead-letter-topic", f"{name}-dlq", "--window", "1h", "--lookback", "1h"),
+        *("--to", datetime.fromtimestamp(now / 1000 + 3600, UTC).isoformat()),
+        *("--all-input", "--report-dir", str(tmp_path / "report"), "--configmap"),
+        *("--kubeconfig", str(kube_namespace.kubeconfig_path), "--master", "local[2]"),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "audit FAILED" in result.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["totals"]["duplicates"] == 1 and summary["totals"]["input"] == 100
+    assert [p["duplicates"] for p in summary["partitions"]] == [0, 1]
+
+    core = CoreV1Api(kube_namespace.cluster.api_client)
+    cm = core.read_namespaced_config_map(f"{name}-reconciliation", kube_namespace.name)
+    assert json.loads(cm.data["summary.json"])["runId"] == summary["runId"]
+    assert cm.metadata.labels["dedup.io/pipeline"] == name
+
+
+def test_an_unreachable_broker_ends_in_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = run_cli(
+        *("--pipeline", "p", "--bootstrap-servers", "127.0.0.1:1"),
+        *("--input-topic", "i", "--output-topic", "o", "--window", "1h"),
+        *("--report-dir", str(tmp_path)),
+        timeout_s=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "could not run" in line]
+    assert len(errors) == 1, result.stderr
+
+
+def test_bad_arguments_end_in_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = run_cli(
+        *("--pipeline", "p", "--bootstrap-servers", "127.0.0.1:1"),
+        *("--input-topic", "i", "--output-topic", "o", "--window", "soon"),
+        *("--report-dir", str(tmp_path)),
+    )
+    assert result.returncode == 2
+    assert "bad arguments: not a duration: 'soon'" in result.stderr
+    assert "Traceback" not in result.stderr
