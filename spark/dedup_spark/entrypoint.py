@@ -1,0 +1,142 @@
+"""`dedup-entrypoint`: the image's entrypoint, as the official Spark image's is.
+
+`dedup-entrypoint executor` starts a Spark executor the way Spark's
+`kubernetes/dockerfiles/spark/entrypoint.sh` does for the pods a Kubernetes driver
+creates (`args: ["executor"]` and the `SPARK_*` environment it sets):
+
+    java <SPARK_JAVA_OPT_0..n> -Xms<mem> -Xmx<mem> -cp <SPARK_CONF_DIR>:<jars>/*
+      org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend
+      --driver-url $SPARK_DRIVER_URL --executor-id $SPARK_EXECUTOR_ID
+      --cores $SPARK_EXECUTOR_CORES --app-id $SPARK_APPLICATION_ID
+      --hostname $SPARK_EXECUTOR_POD_IP --resourceProfileId $SPARK_RESOURCE_PROFILE_ID
+      --podName $SPARK_EXECUTOR_POD_NAME
+
+with the jars of the pip-installed pyspark (they include `spark-kubernetes`), and this
+interpreter for the executor's Python workers. Anything else is run as given (the
+official image's pass-through), so `dedup-entrypoint dedup-worker ...` works too.
+Exit codes: the executor's or the command's own; 2 if the executor's environment is
+incomplete (one line says what is missing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+log = logging.getLogger("dedup_spark.entrypoint")
+
+EXECUTOR_BACKEND: Final = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
+REQUIRED: Final = (
+    "SPARK_DRIVER_URL",
+    "SPARK_EXECUTOR_ID",
+    "SPARK_EXECUTOR_CORES",
+    "SPARK_APPLICATION_ID",
+    "SPARK_EXECUTOR_POD_IP",
+    "SPARK_EXECUTOR_MEMORY",
+)
+EXIT_CONFIG: Final = 2
+
+
+class EntrypointError(Exception):
+    pass
+
+
+def spark_home() -> Path:
+    """The pip-installed pyspark's directory: its `jars/` is a Spark distribution's."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise EntrypointError("pyspark is not installed in this environment")
+    return Path(spec.origin).parent
+
+
+def java_options(env: Mapping[str, str]) -> list[str]:
+    """`SPARK_JAVA_OPT_<n>` values in the order of n (as `sort -t_ -k4 -n` does)."""
+    found: list[tuple[int, str]] = []
+    for name, value in env.items():
+        if name.startswith("SPARK_JAVA_OPT_"):
+            suffix = name.removeprefix("SPARK_JAVA_OPT_")
+            found.append((int(suffix) if suffix.isdigit() else sys.maxsize, value))
+    return [value for _, value in sorted(found)]
+
+
+def executor_command(env: Mapping[str, str], home: Path, java: str) -> list[str]:
+    """The executor's command line from its pod environment (pure)."""
+    missing = [name for name in REQUIRED if not env.get(name)]
+    if missing:
+        raise EntrypointError(f"executor environment lacks {', '.join(missing)}")
+    classpath = [f"{home / 'jars'}/*"]
+    if env.get("SPARK_EXTRA_CLASSPATH"):
+        classpath.append(env["SPARK_EXTRA_CLASSPATH"])
+    if env.get("SPARK_CONF_DIR"):
+        classpath.insert(0, env["SPARK_CONF_DIR"])
+    host = env["SPARK_EXECUTOR_POD_IP"]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6
+    memory = env["SPARK_EXECUTOR_MEMORY"]
+    return [
+        java,
+        *java_options(env),
+        f"-Xms{memory}",
+        f"-Xmx{memory}",
+        "-cp",
+        ":".join(classpath),
+        EXECUTOR_BACKEND,
+        *("--driver-url", env["SPARK_DRIVER_URL"]),
+        *("--executor-id", env["SPARK_EXECUTOR_ID"]),
+        *("--cores", env["SPARK_EXECUTOR_CORES"]),
+        *("--app-id", env["SPARK_APPLICATION_ID"]),
+        *("--hostname", host),
+        *("--resourceProfileId", env.get("SPARK_RESOURCE_PROFILE_ID", "0")),
+        *("--podName", env.get("SPARK_EXECUTOR_POD_NAME", "")),
+    ]
+
+
+def find_java(env: Mapping[str, str]) -> str:
+    if env.get("JAVA_HOME"):
+        candidate = Path(env["JAVA_HOME"]) / "bin" / "java"
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which("java", path=env.get("PATH"))
+    if found is None:
+        raise EntrypointError("no java on PATH and no JAVA_HOME")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not args:
+        print("usage: dedup-entrypoint executor | <command> [args...]", file=sys.stderr)
+        return EXIT_CONFIG
+    if args[0] != "executor":
+        program = shutil.which(args[0]) or args[0]
+        try:
+            os.execvp(program, args)
+        except OSError as exc:
+            log.error("cannot run %s: %s", args[0], exc.strerror)
+            return 127
+    env = dict(os.environ)
+    try:
+        home = spark_home()
+        command = executor_command(env, home, find_java(env))
+    except EntrypointError as exc:
+        log.error("cannot start the executor: %s", exc)
+        return EXIT_CONFIG
+    env.setdefault("SPARK_HOME", str(home))
+    # The executor's Python workers run this interpreter (the project's environment).
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    log.info("starting executor %s of %s", env["SPARK_EXECUTOR_ID"], env["SPARK_APPLICATION_ID"])
+    os.execvpe(command[0], command, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The SparkSession of a job: `local[N]` for development, or Spark on Kubernetes.
+
+On Kubernetes the job's pod is the driver in client mode (a CronJob's pod, or any pod
+with the env below): it asks the API server for executor pods, which run the project's
+image with `args: ["executor"]` (`dedup-entrypoint executor`, see entrypoint.py) and
+connect back to the driver at its pod IP. The driver pod names itself
+(`spark.kubernetes.driver.pod.name`), so Spark gives each executor pod an owner
+reference to it and they go when it goes.
+
+Environment of a driver pod (set by the operator's CronJob from the downward API):
+`DEDUP_POD_IP` (status.podIP), `DEDUP_POD_NAME` (metadata.name), `DEDUP_NAMESPACE`
+(metadata.namespace), and the API server as every pod gets it
+(`KUBERNETES_SERVICE_HOST`/`_PORT`, service-account token and CA).
+
+The Kafka connector jars go on `spark.jars` (the driver serves them to executors):
+from the directory `DEDUP_SPARK_JARS` (the image's), else the local cache that
+`make setup-spark` fills.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+JARS_ENV: Final = "DEDUP_SPARK_JARS"
+
+
+class SessionError(Exception):
+    """Spark cannot be started as configured (a message for a person)."""
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Where and how big. `master`: `local[N]`, `k8s` (the cluster this pod runs in) or
+    an explicit `k8s://https://host:port`."""
+
+    master: str = "local[2]"
+    image: str | None = None
+    executors: int = 2
+    executor_cores: int = 1
+    executor_memory: str = "1g"
+    # What each executor pod requests (Kubernetes quantities): small by default so a
+    # development cluster can place them; size for production in the spec.
+    executor_request_cores: str = "250m"
+    driver_memory: str = "1g"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def on_kubernetes(self) -> bool:
+        return self.master == "k8s" or self.master.startswith("k8s://")
+
+
+def kubernetes_conf(settings: SparkSettings, env: Mapping[str, str]) -> dict[str, str]:
+    """The Spark settings of a client-mode driver in a pod (pure: from `env`)."""
+    missing = [
+        name
+        for name in (
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT",
+            "DEDUP_POD_IP",
+            "DEDUP_POD_NAME",
+            "DEDUP_NAMESPACE",
+        )
+        if not env.get(name) and (name.startswith("DEDUP") or settings.master == "k8s")
+    ]
+    if missing:
+        raise SessionError(
+            f"--master {settings.master} runs the driver in this pod, but {', '.join(missing)} "
+            "is not set (a driver pod sets DEDUP_POD_IP/NAME/NAMESPACE from the downward API)"
+        )
+    if not settings.image:
+        raise SessionError(f"--master {settings.master} needs --image for the executor pods")
+    if settings.executors < 1:
+        raise SessionError(f"--executors must be at least 1, not {settings.executors}")
+    master = settings.master
+    if master == "k8s":
+        host = env["KUBERNETES_SERVICE_HOST"]
+        host = f"[{host}]" if ":" in host else host
+        master = f"k8s://https://{host}:{env['KUBERNETES_SERVICE_PORT']}"
+    conf = {
+        "spark.master": master,
+        "spark.submit.deployMode": "client",
+        "spark.driver.host": env["DEDUP_POD_IP"],
+        "spark.driver.bindAddress": env["DEDUP_POD_IP"],
+        "spark.kubernetes.namespace": env["DEDUP_NAMESPACE"],
+        "spark.kubernetes.driver.pod.name": env["DEDUP_POD_NAME"],
+        "spark.kubernetes.container.image": settings.image,
+        "spark.kubernetes.executor.podNamePrefix": _pod_prefix(env["DEDUP_POD_NAME"]),
+        "spark.executor.instances": str(settings.executors),
+        "spark.executor.cores": str(settings.executor_cores),
+        "spark.executor.memory": settings.executor_memory,
+        "spark.kubernetes.executor.request.cores": settings.executor_request_cores,
+        # Tasks wait until every executor has registered (or 60 s), not just the first.
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+    }
+    token = SERVICE_ACCOUNT_DIR / "token"
+    ca = SERVICE_ACCOUNT_DIR / "ca.crt"
+    if env.get("DEDUP_SERVICE_ACCOUNT_DIR"):  # tests and unusual mounts
+        token = Path(env["DEDUP_SERVICE_ACCOUNT_DIR"]) / "token"
+        ca = Path(env["DEDUP_SERVICE_ACCOUNT_DIR"]) / "ca.crt"
+    conf["spark.kubernetes.authenticate.oauthTokenFile"] = str(token)
+    conf["spark.kubernetes.authenticate.caCertFile"] = str(ca)
+    return conf
+
+
+def _pod_prefix(driver_pod: str) -> str:
+    """Executor pods are named `<prefix>-exec-<n>`; a name must stay within 63 characters."""
+    return driver_pod[:47].rstrip("-.")
+
+
+def kafka_jars(env: Mapping[str, str]) -> list[Path]:
+    """The Kafka connector jars: `DEDUP_SPARK_JARS` (a directory), else the local cache."""
+    directory = env.get(JARS_ENV)
+    if directory:
+        jars = sorted(Path(directory).glob("*.jar"))
+        if not any(j.name.startswith("spark-sql-kafka") for j in jars):
+            raise SessionError(f"{JARS_ENV}={directory} holds no spark-sql-kafka jar")
+        return jars
+    from dedup_local.paths import MissingArtifact
+    from dedup_local.spark import spark_kafka_jars
+
+    try:
+        return spark_kafka_jars()
+    except MissingArtifact as exc:
+        raise SessionError(str(exc)) from None
+
+
+def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
+    """Start (or join) this process's SparkSession as `settings` say."""
+    # PySpark takes its Python workers' interpreter from here (also on executors).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not settings.on_kubernetes:
+        from dedup_local.spark import local_spark_session
+
+        conf = {"spark.driver.memory": settings.driver_memory, **settings.conf}
+        try:
+            return local_spark_session(app_name, settings.master, conf=conf)
+        except Exception as exc:  # MissingArtifact, or the JVM refusing
+            raise SessionError(str(exc)) from None
+
+    from pyspark.sql import SparkSession
+
+    conf = kubernetes_conf(settings, os.environ)
+    jars = kafka_jars(os.environ)
+    conf.update(
+        {
+            "spark.jars": ",".join(str(j) for j in jars),
+            "spark.driver.memory": settings.driver_memory,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        }
+    )
+    conf.update(settings.conf)
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
