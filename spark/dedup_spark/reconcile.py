@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from dedup_operator import names
 from dedup_spark import audit
 from dedup_spark.source import (
     KafkaSource,
@@ -344,7 +345,6 @@ def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from dedup_operator import names
     from dedup_operator.kube import api_client
 
     try:
@@ -495,7 +495,9 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         audit_range=rng,
         report_dir=args.report_dir,
         consumer_group=group,
-        configmap=None if args.configmap is None else args.configmap or None,
+        configmap=None
+        if args.configmap is None
+        else args.configmap or names.reconciliation_result(args.pipeline),
         kubeconfig=args.kubeconfig,
     )
 

@@ -151,6 +151,7 @@ def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
 
     conf = kubernetes_conf(settings, os.environ)
     jars = kafka_jars(os.environ)
+    os.environ.setdefault("SPARK_LOCAL_IP", conf["spark.driver.host"])
     conf.update(
         {
             "spark.jars": ",".join(str(j) for j in jars),
