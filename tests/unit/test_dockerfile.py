@@ -36,7 +36,8 @@ def test_copies_only_paths_that_exist() -> None:
 
 def test_every_entry_point_is_installed_by_the_image() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert set(scripts) == {"dedup-worker", "dedup-operator", "dedup-reconcile", "dedupctl"}
+    assert {"dedup-worker", "dedup-operator", "dedup-reconcile", "dedupctl"} <= set(scripts)
+    assert all(name.startswith("dedup") for name in scripts)
     assert 'pip install ".[spark]"' in DOCKERFILE, "the image installs the project with Spark"
     assert "/opt/dedup/bin" in DOCKERFILE
 
@@ -51,3 +52,16 @@ def test_base_images_are_pinned_to_a_release() -> None:
         if word == "FROM":
             image = rest.split()[0]
             assert ":" in image and not image.endswith(":latest"), image
+
+
+def test_the_entrypoint_runs_spark_executors_with_the_kafka_jars() -> None:
+    entry = [rest for word, rest in instructions() if word == "ENTRYPOINT"]
+    assert entry and "dedup-entrypoint" in entry[-1]
+    assert "DEDUP_SPARK_JARS=" in DOCKERFILE
+    pins = dict(
+        line.split("#")[0].strip().split("=", 1)
+        for line in (ROOT / "versions.env").read_text().splitlines()
+        if "=" in line.split("#")[0]
+    )
+    scala, spark = pins["SPARK_SCALA_VERSION"], pins["SPARK_VERSION"]
+    assert f"spark-sql-kafka-0-10_{scala}:{spark}" in DOCKERFILE, "Dockerfile pins versions.env's"

@@ -1,0 +1,97 @@
+"""The pure parts of Spark on Kubernetes: a client-mode driver's settings from its pod's
+environment, and the executor command `dedup-entrypoint executor` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dedup_spark.entrypoint import EXECUTOR_BACKEND, EntrypointError, executor_command, java_options
+from dedup_spark.session import SessionError, SparkSettings, kubernetes_conf
+
+POD_ENV = {
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    "KUBERNETES_SERVICE_PORT": "443",
+    "DEDUP_POD_IP": "10.1.2.3",
+    "DEDUP_POD_NAME": "events-reconcile-29000000-abcde",
+    "DEDUP_NAMESPACE": "streams",
+}
+
+
+def test_a_driver_pod_runs_in_client_mode_against_its_own_api_server() -> None:
+    conf = kubernetes_conf(
+        SparkSettings("k8s", image="reg/dedup-operator:1.0", executors=3), POD_ENV
+    )
+    assert conf["spark.master"] == "k8s://https://10.96.0.1:443"
+    assert conf["spark.submit.deployMode"] == "client"
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "10.1.2.3"
+    assert conf["spark.kubernetes.driver.pod.name"] == "events-reconcile-29000000-abcde"
+    assert conf["spark.kubernetes.namespace"] == "streams"
+    assert conf["spark.kubernetes.container.image"] == "reg/dedup-operator:1.0"
+    assert conf["spark.executor.instances"] == "3"
+    assert conf["spark.kubernetes.authenticate.oauthTokenFile"].endswith("serviceaccount/token")
+
+
+def test_an_explicit_master_url_and_ipv6() -> None:
+    env = {**POD_ENV, "KUBERNETES_SERVICE_HOST": "fd00::1"}
+    assert kubernetes_conf(SparkSettings("k8s", image="i"), env)["spark.master"] == (
+        "k8s://https://[fd00::1]:443"
+    )
+    conf = kubernetes_conf(SparkSettings("k8s://https://api:6443", image="i"), POD_ENV)
+    assert conf["spark.master"] == "k8s://https://api:6443"
+
+
+@pytest.mark.parametrize("dropped", ["DEDUP_POD_IP", "DEDUP_POD_NAME", "KUBERNETES_SERVICE_HOST"])
+def test_a_driver_outside_a_pod_is_refused_with_what_is_missing(dropped: str) -> None:
+    env = {k: v for k, v in POD_ENV.items() if k != dropped}
+    with pytest.raises(SessionError, match=dropped):
+        kubernetes_conf(SparkSettings("k8s", image="i"), env)
+
+
+def test_executors_need_an_image() -> None:
+    with pytest.raises(SessionError, match="--image"):
+        kubernetes_conf(SparkSettings("k8s"), POD_ENV)
+
+
+EXECUTOR_ENV = {
+    "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@10.1.2.3:7078",
+    "SPARK_EXECUTOR_ID": "2",
+    "SPARK_EXECUTOR_CORES": "1",
+    "SPARK_EXECUTOR_MEMORY": "512m",
+    "SPARK_APPLICATION_ID": "spark-abc",
+    "SPARK_EXECUTOR_POD_IP": "10.1.2.9",
+    "SPARK_EXECUTOR_POD_NAME": "events-exec-2",
+    "SPARK_RESOURCE_PROFILE_ID": "0",
+    "SPARK_CONF_DIR": "/opt/spark/conf",
+    "SPARK_JAVA_OPT_10": "-Dlast",
+    "SPARK_JAVA_OPT_2": "-Dsecond",
+    "SPARK_JAVA_OPT_0": "-Dfirst",
+}
+
+
+def test_the_executor_command_is_the_official_images() -> None:
+    cmd = executor_command(EXECUTOR_ENV, Path("/venv/pyspark"), "/usr/bin/java")
+    assert cmd[:6] == ["/usr/bin/java", "-Dfirst", "-Dsecond", "-Dlast", "-Xms512m", "-Xmx512m"]
+    assert cmd[6:8] == ["-cp", "/opt/spark/conf:/venv/pyspark/jars/*"]
+    assert cmd[8] == EXECUTOR_BACKEND
+    flags = dict(zip(cmd[9::2], cmd[10::2], strict=True))
+    assert flags == {
+        "--driver-url": "spark://CoarseGrainedScheduler@10.1.2.3:7078",
+        "--executor-id": "2",
+        "--cores": "1",
+        "--app-id": "spark-abc",
+        "--hostname": "10.1.2.9",
+        "--resourceProfileId": "0",
+        "--podName": "events-exec-2",
+    }
+
+
+def test_java_options_in_numeric_order() -> None:
+    assert java_options(EXECUTOR_ENV) == ["-Dfirst", "-Dsecond", "-Dlast"]
+
+
+def test_an_incomplete_executor_environment_is_named() -> None:
+    env = {k: v for k, v in EXECUTOR_ENV.items() if k != "SPARK_DRIVER_URL"}
+    with pytest.raises(EntrypointError, match="SPARK_DRIVER_URL"):
+        executor_command(env, Path("/x"), "java")
