@@ -83,6 +83,20 @@ def reconciliation_result(pipeline: str) -> str:
     return f"{pipeline}-reconciliation"
 
 
+COMPONENT_RECONCILIATION: Final = "reconciliation"
+
+
+def reconciliation_job(pipeline: str) -> str:
+    """The scheduled audit's CronJob or ScheduledSparkApplication, and its
+    ServiceAccount/Role/RoleBinding."""
+    return f"{pipeline}-reconcile"
+
+
+def reconciliation_labels(pipeline: str) -> dict[str, str]:
+    """Labels of the scheduled audit's objects and pods."""
+    return {**pipeline_labels(pipeline), LABEL_COMPONENT: COMPONENT_RECONCILIATION}
+
+
 _POD = re.compile(r"^(?P<pipeline>.+)-p(?P<partition>[0-9]+)-e(?P<epoch>[0-9]+)$")
 
 

@@ -62,9 +62,10 @@ def _field(path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _kafka_env(spec: PipelineSpec) -> list[dict[str, Any]]:
+def kafka_env(spec: PipelineSpec) -> list[dict[str, Any]]:
     """DEDUP_KAFKA_CONFIG: the inline (credential-free) settings, plus the Secret's
-    settings through a secretKeyRef; both together by Kubernetes' $(VAR) expansion."""
+    settings through a secretKeyRef; both together by Kubernetes' $(VAR) expansion.
+    Every pod that talks to the pipeline's Kafka gets exactly these (workers, the audit)."""
     inline = ",".join(f"{k}={v}" for k, v in spec.kafka.config)
     ref = spec.kafka.security_ref
     if ref is None:
@@ -112,7 +113,7 @@ def worker_env(spec: PipelineSpec, partition: int) -> list[dict[str, Any]]:
         {"name": "DEDUP_HOLDER_IDENTITY", **_field("metadata.name")},
         {"name": "DEDUP_METRICS_ADDRESS", **_field("status.podIP")},
     ]
-    return env + _kafka_env(spec)
+    return env + kafka_env(spec)
 
 
 def _affinity(spec: PipelineSpec) -> dict[str, Any]:
