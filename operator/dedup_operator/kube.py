@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,13 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from dedup_operator import names
+from dedup_operator.desired.reconciliation import (
+    SCHEDULED_APP_LABEL,
+    SCHEDULED_SPARK_APPLICATIONS,
+    SPARK_APPLICATIONS,
+    SPARK_OPERATOR_GROUP,
+    SPARK_OPERATOR_VERSION,
+)
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 
 log = logging.getLogger("dedup_operator.kube")
@@ -52,6 +60,7 @@ class Kube:
         self.storage = client.StorageV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.dynamic_kinds: dict[str, Any] = {}
+        self._crds: dict[str, tuple[float, bool]] = {}  # name -> (monotonic time, found)
 
     def _json(self, obj: Any) -> Obj:
         data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -121,6 +130,141 @@ class Kube:
             raise
         log.info("created pod %s/%s", meta["namespace"], meta["name"])
         return True
+
+    # ---------------------------------------------------------- scheduled audit
+    def has_crd(self, name: str, max_age_s: float = 60.0) -> bool:
+        """Is the CustomResourceDefinition `name` installed? (remembered for max_age_s)"""
+        now = time.monotonic()
+        cached = self._crds.get(name)
+        if cached is not None and now - cached[0] < max_age_s:
+            return cached[1]
+        try:
+            client.ApiextensionsV1Api(self.api).read_custom_resource_definition(name)
+            found = True
+        except ApiException as exc:
+            if not _absent(exc):
+                raise
+            found = False
+        self._crds[name] = (now, found)
+        return found
+
+    def _scheduler_calls(self, kind: str) -> tuple[Any, Any, Any, Any]:
+        """(read, create, replace, delete) of a kind the operator keeps in step by its
+        spec-hash annotation, each called as (namespace, name[, body])."""
+        if kind == "CronJob":
+            batch = client.BatchV1Api(self.api)
+            return (
+                lambda ns, n: self._json(batch.read_namespaced_cron_job(n, ns)),
+                lambda ns, b: batch.create_namespaced_cron_job(ns, b),
+                lambda ns, n, b: batch.replace_namespaced_cron_job(n, ns, b),
+                lambda ns, n: batch.delete_namespaced_cron_job(
+                    n, ns, propagation_policy="Background"
+                ),
+            )
+        if kind == "ScheduledSparkApplication":
+            g, v, plural = (
+                SPARK_OPERATOR_GROUP,
+                SPARK_OPERATOR_VERSION,
+                SCHEDULED_SPARK_APPLICATIONS,
+            )
+            custom = self.custom
+            return (
+                lambda ns, n: custom.get_namespaced_custom_object(g, v, ns, plural, n),
+                lambda ns, b: custom.create_namespaced_custom_object(g, v, ns, plural, b),
+                lambda ns, n, b: custom.replace_namespaced_custom_object(g, v, ns, plural, n, b),
+                lambda ns, n: custom.delete_namespaced_custom_object(g, v, ns, plural, n),
+            )
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        deletes = {
+            "ServiceAccount": self.core.delete_namespaced_service_account,
+            "Role": rbac.delete_namespaced_role,
+            "RoleBinding": rbac.delete_namespaced_role_binding,
+        }
+        return (None, None, None, lambda ns, n: deletes[kind](n, ns))
+
+    def apply_by_hash(self, body: Mapping[str, Any]) -> str:
+        """Create `body` (a CronJob or ScheduledSparkApplication), or replace it when its
+        `dedup.io/spec-hash` annotation differs; returns created|updated|unchanged."""
+        kind, meta = body["kind"], body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        read, create, replace, _ = self._scheduler_calls(kind)
+        try:
+            current = read(ns, name)
+        except ApiException as exc:
+            if not _absent(exc):
+                raise
+            create(ns, dict(body))
+            log.info("created %s %s/%s", kind, ns, name)
+            return "created"
+        want = (meta.get("annotations") or {}).get(names.ANNOTATION_SPEC_HASH)
+        have = ((current.get("metadata") or {}).get("annotations") or {}).get(
+            names.ANNOTATION_SPEC_HASH
+        )
+        if want == have:
+            return "unchanged"
+        updated = {
+            **body,
+            "metadata": {**meta, "resourceVersion": current["metadata"]["resourceVersion"]},
+        }
+        replace(ns, name, updated)
+        log.info("updated %s %s/%s", kind, ns, name)
+        return "updated"
+
+    def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete a scheduled-audit object; False if it (or its kind) is not there."""
+        delete = self._scheduler_calls(kind)[3]
+        try:
+            delete(namespace, name)
+        except ApiException as exc:
+            if _absent(exc):
+                return False
+            raise
+        log.info("deleted %s %s/%s", kind, namespace, name)
+        return True
+
+    def config_map(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._json(self.core.read_namespaced_config_map(name, namespace))
+        except ApiException as exc:
+            if _absent(exc):
+                return None
+            raise
+
+    def add_owner_reference(
+        self, namespace: str, config_map: Mapping[str, Any], reference: Mapping[str, Any]
+    ) -> None:
+        """Give a ConfigMap (as read) the pipeline's owner reference; compare-and-set."""
+        meta = config_map["metadata"]
+        refs = list(meta.get("ownerReferences") or [])
+        if any(r.get("uid") == reference["uid"] for r in refs):
+            return
+        self.core.patch_namespaced_config_map(
+            meta["name"],
+            namespace,
+            {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "ownerReferences": [*refs, dict(reference)],
+                }
+            },
+        )
+
+    def spark_applications(self, namespace: str, scheduled: str) -> list[Obj]:
+        """The SparkApplications the Spark operator started for ScheduledSparkApplication
+        `scheduled` (its scheduled-app-name label)."""
+        try:
+            found: Any = self.custom.list_namespaced_custom_object(
+                SPARK_OPERATOR_GROUP,
+                SPARK_OPERATOR_VERSION,
+                namespace,
+                SPARK_APPLICATIONS,
+                label_selector=f"{SCHEDULED_APP_LABEL}={scheduled}",
+            )
+        except ApiException as exc:
+            if _absent(exc):
+                return []
+            raise
+        return list(found.get("items") or [])
 
     # ----------------------------------------------------------------- observe
     def pods(self, namespace: str, pipeline: str) -> list[Obj]:

@@ -40,3 +40,19 @@ PARTITIONS_NOT_RUNNING = Gauge(
     "Partitions whose worker is not Running and Ready",
     ("namespace", "pipeline"),
 )
+RECONCILIATIONS = Counter(
+    "dedup_operator_reconciliations",
+    "Scheduled audits (dedup-reconcile) whose result the operator took over, by result "
+    "(passed, failed)",
+    ("namespace", "pipeline", "result"),
+)
+RECONCILIATION_DUPLICATES = Gauge(
+    "dedup_operator_reconciliation_duplicates",
+    "Ids published more than once within the window, in the last audit",
+    ("namespace", "pipeline"),
+)
+RECONCILIATION_MISSING = Gauge(
+    "dedup_operator_reconciliation_missing",
+    "Valid input ids neither published nor dead-lettered, in the last audit",
+    ("namespace", "pipeline"),
+)

@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dedup_operator import metrics, names
+from dedup_operator import reconciliation as audit_result
 from dedup_operator.desired import partition as desired_partition
+from dedup_operator.desired import reconciliation as desired_audit
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.pipeline import pipeline_objects, role
 from dedup_operator.failover import (
@@ -78,6 +80,7 @@ class _Memory:
     uid: str | None = None
     ensured: tuple[int, float] | None = None  # (generation, monotonic time)
     topic: tuple[tuple[Any, ...], float, TopicCheck] | None = None
+    audit_error: str | None = None  # the last unreadable-summary message (said once)
 
 
 _memories: dict[tuple[str, str], _Memory] = {}
@@ -147,6 +150,7 @@ def _reconcile(
         for obj in pipeline_objects(spec, owner):
             kube.ensure(obj)
         kube.replace_role_rules(role(spec, owner))
+        _schedule_audit(kube, spec, owner, cleanup=due)
         memory.ensured = (generation, time.monotonic())
     for p in range(spec.partitions):
         claim_name = names.volume_claim(spec.name, p)
@@ -385,6 +389,9 @@ def _reconcile(
     conditions = summary_conditions(
         entries, spec.partitions, topic_condition, degraded, spec_current
     )
+    last_audit = _audit_result(kube, spec, owner, previous, record, memory)
+    if spec.reconciliation is not None and last_audit and "time" in last_audit:
+        conditions.append(audit_result.condition(last_audit))
     ready_count = sum(1 for e in entries if e.ready)
     phase = phase_of(entries, bool(degraded), previous.get("phase"))
     if phase == "Running" and previous.get("phase") != "Running":
@@ -403,6 +410,8 @@ def _reconcile(
         "conditions": merge_conditions(previous_conditions, conditions, generation, now),
         "partitions": [e.to_status() for e in entries],
     }
+    if last_audit:
+        status["lastReconciliation"] = last_audit
     if any(previous.get(key) != value for key, value in status.items()):
         kube.patch_status(namespace, name, status)  # unchanged status: no write, no event
     return {**status, "_result": "ok"}
@@ -468,6 +477,75 @@ def _topic(
     )
     memory.topic = (key, time.monotonic(), check)
     return check
+
+
+def _schedule_audit(kube: Kube, spec: PipelineSpec, owner: Owner, cleanup: bool) -> None:
+    """Keep the scheduled audit's objects in step with spec.reconciliation: the CronJob,
+    or the ScheduledSparkApplication when the Spark operator's CRD is installed (the
+    other one deleted); all of them deleted when the spec has no reconciliation
+    (checked on spec changes and at start only: `cleanup`)."""
+    job = names.reconciliation_job(spec.name)
+    kinds = ("CronJob", "ScheduledSparkApplication", "RoleBinding", "Role", "ServiceAccount")
+    if spec.reconciliation is None:
+        if cleanup:
+            for kind in kinds:
+                kube.delete_if_present(kind, spec.namespace, job)
+        return
+    spark_operator = kube.has_crd(desired_audit.SCHEDULED_SPARK_APPLICATION_CRD)
+    for obj in desired_audit.reconciliation_objects(spec, owner, spark_operator):
+        if obj["kind"] in ("CronJob", "ScheduledSparkApplication"):
+            kube.apply_by_hash(obj)
+            other = "CronJob" if obj["kind"] != "CronJob" else "ScheduledSparkApplication"
+            if cleanup and (other == "CronJob" or spark_operator):
+                kube.delete_if_present(other, spec.namespace, job)
+        else:
+            kube.ensure(obj)
+    kube.replace_role_rules(desired_audit.role(spec, owner))
+
+
+def _audit_result(
+    kube: Kube,
+    spec: PipelineSpec,
+    owner: Owner,
+    previous: Mapping[str, Any],
+    record: Recorder,
+    memory: _Memory,
+) -> dict[str, Any] | None:
+    """status.lastReconciliation after this pass: the previous one, or the audit's newer
+    result (with its Event and metrics), plus the newest Spark operator run's state."""
+    before = previous.get("lastReconciliation") or None
+    if spec.reconciliation is None:
+        return before
+    name = names.reconciliation_result(spec.name)
+    cm = kube.config_map(spec.namespace, name)
+    text = None
+    if cm is not None:
+        kube.add_owner_reference(spec.namespace, cm, owner.reference())
+        text = (cm.get("data") or {}).get(names.RECONCILIATION_SUMMARY_KEY)
+    run = None
+    if desired_audit.uses_spark_operator(
+        spec, kube.has_crd(desired_audit.SCHEDULED_SPARK_APPLICATION_CRD)
+    ):
+        apps = kube.spark_applications(spec.namespace, names.reconciliation_job(spec.name))
+        run = audit_result.newest_spark_application(apps)
+    try:
+        out = audit_result.outcome(text, name, before, run)
+    except audit_result.SummaryError as exc:
+        why = f"ConfigMap {name}: {exc}"
+        if memory.audit_error != why:
+            log.warning("cannot read the audit result of %s/%s: %s", spec.namespace, spec.name, why)
+            record("Warning", "ReconciliationUnreadable", why)
+            memory.audit_error = why
+        out = audit_result.outcome(None, name, before, run)
+    else:
+        memory.audit_error = None
+    if out.event is not None and out.last is not None:
+        record(*out.event)
+        ns = spec.namespace
+        metrics.RECONCILIATIONS.labels(ns, spec.name, "passed" if out.passed else "failed").inc()
+        metrics.RECONCILIATION_DUPLICATES.labels(ns, spec.name).set(out.last["duplicates"])
+        metrics.RECONCILIATION_MISSING.labels(ns, spec.name).set(out.last["missing"])
+    return out.last if out.last is not None else before
 
 
 def _handover_status(decision: Decision) -> dict[str, Any] | None:

@@ -1,0 +1,117 @@
+"""The audit's summary -> status.lastReconciliation, condition and Event (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dedup_operator import reconciliation as r
+
+
+def summary(passed: bool = True, finished: str = "2026-11-22T03:10:00Z", **totals: int) -> str:
+    counts = {"input": 1000, "duplicates": 0, "missing": 0, "unexpected": 0, "orderViolations": 0}
+    counts.update(totals)
+    return json.dumps(
+        {
+            "pipeline": "events",
+            "namespace": "analytics",
+            "runId": "run-1",
+            "startedAt": "2026-11-22T03:00:00Z",
+            "finishedAt": finished,
+            "passed": passed,
+            "totals": counts,
+            "report": "/reports",
+        }
+    )
+
+
+def test_first_passing_result_lands_in_status_with_a_normal_event() -> None:
+    out = r.outcome(summary(), "events-reconciliation", None)
+    assert out.last == {
+        "time": "2026-11-22T03:10:00Z",
+        "passed": True,
+        "checked": 1000,
+        "duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "orderViolations": 0,
+        "runId": "run-1",
+        "reportRef": {"configMap": "events-reconciliation", "report": "/reports"},
+    }
+    assert out.event is not None and out.event[:2] == ("Normal", "ReconciliationPassed")
+    c = r.condition(out.last)
+    assert (c.type, c.status, c.reason) == ("ReconciliationHealthy", True, "AuditPassed")
+
+
+def test_failing_result_flips_the_condition_with_the_numbers() -> None:
+    out = r.outcome(
+        summary(False, duplicates=2, missing=3, unexpected=1, orderViolations=4),
+        "events-reconciliation",
+        {"time": "2026-11-21T03:10:00Z", "passed": True},
+    )
+    assert out.last is not None and out.passed is False
+    assert out.event is not None and out.event[:2] == ("Warning", "ReconciliationFailed")
+    c = r.condition(out.last)
+    assert c.status is False and c.reason == "AuditFailed"
+    for text in ("2 duplicates", "3 missing", "1 unexpected", "4 order violations", "1000"):
+        assert text in c.message
+        assert text in out.event[2]
+
+
+def test_same_or_older_result_changes_nothing() -> None:
+    previous = r.last_reconciliation(json.loads(summary()), "events-reconciliation")
+    assert r.outcome(summary(), "events-reconciliation", previous) == r.Outcome(None)
+    older = summary(finished="2026-11-22T01:00:00Z")
+    assert r.outcome(older, "events-reconciliation", previous) == r.Outcome(None)
+    assert r.outcome(None, "events-reconciliation", previous) == r.Outcome(None)
+
+
+def test_spark_application_state_is_recorded() -> None:
+    previous: dict[str, Any] = {"time": "2026-11-22T03:10:00Z", "passed": True}
+    out = r.outcome(None, "cm", previous, ("events-reconcile-1", "RUNNING"))
+    assert out.event is None
+    assert out.last == {
+        **previous,
+        "sparkApplication": "events-reconcile-1",
+        "sparkApplicationState": "RUNNING",
+    }
+    assert r.outcome(None, "cm", out.last, ("events-reconcile-1", "RUNNING")).last is None
+    fresh = r.outcome(
+        summary(finished="2026-11-22T04:00:00Z"),
+        "cm",
+        out.last,
+        ("events-reconcile-2", "COMPLETED"),
+    )
+    assert fresh.last is not None and fresh.last["sparkApplicationState"] == "COMPLETED"
+    assert fresh.last["time"] == "2026-11-22T04:00:00Z" and fresh.event is not None
+
+
+def test_newest_spark_application() -> None:
+    apps = [
+        {"metadata": {"name": "a", "creationTimestamp": "2026-11-22T03:00:00Z"}},
+        {
+            "metadata": {"name": "b", "creationTimestamp": "2026-11-22T04:00:00Z"},
+            "status": {"applicationState": {"state": "COMPLETED"}},
+        },
+    ]
+    assert r.newest_spark_application(apps) == ("b", "COMPLETED")
+    assert r.newest_spark_application(apps[:1]) == ("a", "")
+    assert r.newest_spark_application([]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "no summary"),
+        ("{", "not JSON"),
+        ("[]", "not an object"),
+        ('{"passed": true, "totals": {}}', "finishedAt"),
+        ('{"finishedAt": "2026-11-22T03:00:00Z", "totals": {}}', "passed"),
+        ('{"finishedAt": "2026-11-22T03:00:00Z", "passed": false}', "totals"),
+    ],
+)
+def test_unreadable_summaries_say_why(text: str, why: str) -> None:
+    with pytest.raises(r.SummaryError, match=why):
+        r.outcome(text, "cm", None)
