@@ -30,6 +30,22 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+POD_FIELDS: Final = {
+    "DEDUP_POD_IP": "status.podIP",
+    "DEDUP_POD_NAME": "metadata.name",
+    "DEDUP_NAMESPACE": "metadata.namespace",
+}
+"""A driver pod's identity: env name -> the downward-API field that sets it."""
+
+
+def pod_identity_env() -> list[dict[str, object]]:
+    """The env entries (fieldRefs) a driver pod's container carries."""
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in POD_FIELDS.items()
+    ]
+
+
 JARS_ENV: Final = "DEDUP_SPARK_JARS"
 
 
@@ -62,13 +78,7 @@ def kubernetes_conf(settings: SparkSettings, env: Mapping[str, str]) -> dict[str
     """The Spark settings of a client-mode driver in a pod (pure: from `env`)."""
     missing = [
         name
-        for name in (
-            "KUBERNETES_SERVICE_HOST",
-            "KUBERNETES_SERVICE_PORT",
-            "DEDUP_POD_IP",
-            "DEDUP_POD_NAME",
-            "DEDUP_NAMESPACE",
-        )
+        for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", *POD_FIELDS)
         if not env.get(name) and (name.startswith("DEDUP") or settings.master == "k8s")
     ]
     if missing:
