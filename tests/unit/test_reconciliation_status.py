@@ -89,7 +89,7 @@ def test_spark_application_state_is_recorded() -> None:
 
 
 def test_newest_spark_application() -> None:
-    apps = [
+    apps: list[dict[str, Any]] = [
         {"metadata": {"name": "a", "creationTimestamp": "2026-11-22T03:00:00Z"}},
         {
             "metadata": {"name": "b", "creationTimestamp": "2026-11-22T04:00:00Z"},

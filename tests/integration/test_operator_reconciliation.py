@@ -1,0 +1,372 @@
+"""The operator schedules the audit and takes its result over, on the local cluster.
+
+- a pipeline with spec.reconciliation gets its ServiceAccount/Role/RoleBinding and a
+  CronJob the API server validated (Forbid, bounded history, the driver's command);
+- the job's result ConfigMap, written by dedup-reconcile's own publishing code (passed,
+  then failed), lands in status.lastReconciliation with Events, metrics and condition
+  ReconciliationHealthy (False with the numbers);
+- removing spec.reconciliation deletes the CronJob and its RBAC;
+- with (test stand-ins of) the Spark operator's CRDs installed, a pipeline gets a
+  ScheduledSparkApplication instead, and its newest run's state reaches the status.
+
+No cron tick is waited for: the schedules never fire during the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dedup_local.cluster import LocalCluster
+from dedup_local.kafka import KafkaBroker
+from dedup_operator import names
+from dedup_operator.desired import reconciliation as desired_audit
+from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
+from support.cluster_fixtures import ClusterNamespace
+from support.kafka_fixtures import NewTopic
+from support.kube_fixtures import CRD_FILES
+from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+
+pytestmark = pytest.mark.integration
+
+SPARK_OPERATOR_CRDS = Path(__file__).resolve().parents[1] / "support" / "spark_operator_crds.yaml"
+NEVER = "0 0 1 1 *"  # once a year: no tick during a test
+
+
+@pytest.fixture(autouse=True)
+def _crd_installed(local_cluster: LocalCluster) -> None:
+    assert local_cluster.control_plane is not None
+    local_cluster.control_plane.install_crds(CRD_FILES)
+
+
+@pytest.fixture
+def spark_operator_crds(local_cluster: LocalCluster) -> Iterator[None]:
+    """The stand-in CRDs for one test, removed afterwards (other tests of the session
+    must see a cluster without the Spark operator)."""
+    assert local_cluster.control_plane is not None
+    installed = local_cluster.control_plane.install_crds([SPARK_OPERATOR_CRDS])
+    try:
+        yield
+    finally:
+        with local_cluster.api_client() as api:
+            ext = client.ApiextensionsV1Api(api)
+            for name in installed:
+                try:
+                    ext.delete_custom_resource_definition(name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
+
+def pipeline_body(name: str, bootstrap: str, topic: str, storage_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "kafka": {
+                "bootstrapServers": bootstrap,
+                "inputTopic": topic,
+                "outputTopic": f"{topic}-out",
+                "deadLetterTopic": f"{topic}-dlq",
+            },
+            "partitions": 1,
+            "messageId": {"source": "jsonField", "field": "messageId"},
+            "window": {"duration": "1h"},
+            "worker": {
+                "image": "dedup-operator:dev",
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                },
+            },
+            "storage": {"size": "1Gi", "storageClassName": storage_class},
+            "reconciliation": {"schedule": NEVER, "lookback": "2h", "spark": {"executors": 2}},
+        },
+    }
+
+
+def topics(kafka: KafkaBroker, new_topic: NewTopic) -> str:
+    topic = new_topic(partitions=1)
+    kafka.create_topic(f"{topic}-out", 1)
+    kafka.create_topic(f"{topic}-dlq", 1)
+    return topic
+
+
+def summary(pipeline: str, ns: str, run: str, finished: datetime, **totals: int) -> dict[str, Any]:
+    counts = {
+        "input": 500,
+        "valid": 500,
+        "distinct": 400,
+        "published": 400,
+        "deadLettered": 0,
+        "duplicates": 0,
+        "missing": 0,
+        "unexpected": 0,
+        "orderViolations": 0,
+        "inputDuplicateRate": 0.2,
+    }
+    counts.update(totals)
+    at = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+    failing = ("duplicates", "missing", "unexpected", "orderViolations")
+    return {
+        "pipeline": pipeline,
+        "namespace": ns,
+        "runId": run,
+        "startedAt": at,
+        "finishedAt": at,
+        "passed": all(counts[k] == 0 for k in failing),
+        "range": {"from": at, "to": at},
+        "totals": counts,
+        "deadLetteredByReason": {},
+        "partitions": [{"partition": 0, **counts}],
+        "report": "/reports",
+    }
+
+
+def publish_as_the_job(command: list[str], kubeconfig: Path, result: dict[str, Any]) -> None:
+    """Write the result ConfigMap with dedup-reconcile's own code, from the flags the
+    CronJob gives it."""
+    args = build_parser().parse_args([*command[1:], "--kubeconfig", str(kubeconfig)])
+    publish_summary(job_from_args(args), result)
+
+
+def test_cron_job_result_in_status_and_removal(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = cluster_namespace.name
+    api = cluster_namespace.api_client
+    batch, core, rbac = (
+        client.BatchV1Api(api),
+        client.CoreV1Api(api),
+        client.RbacAuthorizationV1Api(api),
+    )
+    custom = client.CustomObjectsApi(api)
+    topic = topics(kafka, new_topic)
+    job = names.reconciliation_job("audited")
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log") as op:
+        custom.create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            pipeline_body("audited", kafka.bootstrap, topic, local_cluster.storage_class),
+        )
+
+        def cron_job() -> Any:
+            try:
+                return batch.read_namespaced_cron_job(job, ns)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        cron = wait_for(cron_job, 60, "the CronJob")
+        assert cron.spec.schedule == NEVER
+        assert cron.spec.concurrency_policy == "Forbid"
+        assert cron.spec.successful_jobs_history_limit == 3
+        assert cron.spec.failed_jobs_history_limit == 3
+        assert cron.spec.starting_deadline_seconds == 300
+        assert cron.metadata.owner_references[0].name == "audited"
+        template = cron.spec.job_template.spec
+        assert template.backoff_limit == 0
+        pod = template.template.spec
+        assert pod.restart_policy == "Never"
+        assert pod.service_account_name == job
+        command = pod.containers[0].command
+        assert command[0] == "dedup-reconcile"
+        assert command[command.index("--master") + 1] == "k8s"
+        assert command[command.index("--configmap") + 1] == "audited-reconciliation"
+        env = {e.name: e for e in pod.containers[0].env}
+        assert env["DEDUP_POD_IP"].value_from.field_ref.field_path == "status.podIP"
+        assert core.read_namespaced_service_account(job, ns).metadata.name == job
+        rules = rbac.read_namespaced_role(job, ns).rules
+        assert any("pods" in r.resources and "deletecollection" in r.verbs for r in rules)
+        assert rbac.read_namespaced_role_binding(job, ns).role_ref.name == job
+
+        # -- a passing audit, written as the job writes it
+        t1 = datetime.now(UTC).replace(microsecond=0)
+        publish_as_the_job(
+            command,
+            local_cluster.kubeconfig_path,
+            summary("audited", ns, "run-1", t1),
+        )
+
+        def last(run: str) -> dict[str, Any] | None:
+            found = get_pipeline(api, ns, "audited")
+            got = ((found or {}).get("status") or {}).get("lastReconciliation") or {}
+            return found if got.get("runId") == run else None
+
+        found = wait_for(lambda: last("run-1"), 30, "the passing result in status")
+        lr = found["status"]["lastReconciliation"]
+        assert lr["passed"] is True and lr["checked"] == 500 and lr["duplicates"] == 0
+        assert lr["reportRef"]["configMap"] == "audited-reconciliation"
+        healthy = condition(found, "ReconciliationHealthy")
+        assert healthy is not None and healthy["status"] == "True"
+        wait_for(
+            lambda: any(
+                r == "ReconciliationPassed" and t == "Normal"
+                for t, r, _ in events(api, ns, "audited")
+            ),
+            15,
+            "the ReconciliationPassed Event",
+        )
+        cm = core.read_namespaced_config_map("audited-reconciliation", ns)
+        assert [r.name for r in cm.metadata.owner_references or []] == ["audited"]
+
+        # -- a failing one: the job replaces the ConfigMap, the owner reference stays
+        t2 = t1 + timedelta(seconds=5)
+        publish_as_the_job(
+            command,
+            local_cluster.kubeconfig_path,
+            summary("audited", ns, "run-2", t2, duplicates=2, missing=3, orderViolations=1),
+        )
+        found = wait_for(lambda: last("run-2"), 30, "the failing result in status")
+        lr = found["status"]["lastReconciliation"]
+        assert (lr["passed"], lr["duplicates"], lr["missing"], lr["orderViolations"]) == (
+            False,
+            2,
+            3,
+            1,
+        )
+        healthy = condition(found, "ReconciliationHealthy")
+        assert healthy is not None and healthy["status"] == "False"
+        assert healthy["reason"] == "AuditFailed"
+        for text in ("2 duplicates", "3 missing", "1 order violations", "500"):
+            assert text in healthy["message"]
+        failed = wait_for(
+            lambda: [
+                m
+                for t, r, m in events(api, ns, "audited")
+                if (t, r) == ("Warning", "ReconciliationFailed")
+            ],
+            15,
+            "the ReconciliationFailed Event",
+        )
+        assert "2 duplicates" in failed[0]
+        cm = core.read_namespaced_config_map("audited-reconciliation", ns)
+        assert [r.name for r in cm.metadata.owner_references or []] == ["audited"]
+        text = op.metrics()
+        assert (
+            f'dedup_operator_reconciliations_total{{namespace="{ns}",pipeline="audited",'
+            'result="failed"} 1.0' in text
+        )
+        assert (
+            f'dedup_operator_reconciliation_missing{{namespace="{ns}",pipeline="audited"}} 3.0'
+            in text
+        )
+        # the same result again is not news
+        assert sum(1 for _, r, _ in events(api, ns, "audited") if r == "ReconciliationFailed") == 1
+
+        # -- the reconciliation removed from the spec: its CronJob and RBAC go
+        custom.patch_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            "audited",
+            {"spec": {"reconciliation": None}},
+            _content_type="application/merge-patch+json",
+        )
+        wait_for(lambda: cron_job() is None, 30, "the CronJob deleted")
+
+        def rbac_gone() -> bool:
+            try:
+                rbac.read_namespaced_role(job, ns)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        wait_for(rbac_gone, 15, "the audit's Role deleted")
+        found = wait_for(
+            lambda: (
+                (p := get_pipeline(api, ns, "audited"))
+                and condition(p, "ReconciliationHealthy") is None
+                and p
+            ),
+            15,
+            "ReconciliationHealthy gone",
+        )
+
+
+def test_scheduled_spark_application_with_the_spark_operator(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    spark_operator_crds: None,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    ns = cluster_namespace.name
+    api = cluster_namespace.api_client
+    custom = client.CustomObjectsApi(api)
+    group, version = desired_audit.SPARK_OPERATOR_GROUP, desired_audit.SPARK_OPERATOR_VERSION
+    topic = topics(kafka, new_topic)
+    job = names.reconciliation_job("sparky")
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
+        custom.create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            pipeline_body("sparky", kafka.bootstrap, topic, local_cluster.storage_class),
+        )
+
+        def scheduled() -> dict[str, Any] | None:
+            try:
+                got: dict[str, Any] = custom.get_namespaced_custom_object(
+                    group, version, ns, "scheduledsparkapplications", job
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return got
+
+        ssa = wait_for(scheduled, 60, "the ScheduledSparkApplication")
+        spec = ssa["spec"]
+        assert spec["concurrencyPolicy"] == "Forbid"
+        assert spec["schedule"] == NEVER
+        assert (spec["successfulRunHistoryLimit"], spec["failedRunHistoryLimit"]) == (3, 3)
+        assert spec["template"]["type"] == "Python" and spec["template"]["mode"] == "cluster"
+        assert spec["template"]["executor"]["instances"] == 2
+        assert spec["template"]["driver"]["serviceAccount"] == job
+        with pytest.raises(ApiException) as no_cron:
+            client.BatchV1Api(api).read_namespaced_cron_job(job, ns)
+        assert no_cron.value.status == 404
+
+        # a run as the Spark operator would start it, labelled with its schedule
+        custom.create_namespaced_custom_object(
+            group,
+            version,
+            ns,
+            "sparkapplications",
+            {
+                "apiVersion": f"{group}/{version}",
+                "kind": "SparkApplication",
+                "metadata": {
+                    "name": f"{job}-1700000000",
+                    "labels": {desired_audit.SCHEDULED_APP_LABEL: job},
+                },
+                "spec": spec["template"],
+                "status": {"applicationState": {"state": "COMPLETED"}},
+            },
+        )
+
+        def state() -> dict[str, Any] | None:
+            found = get_pipeline(api, ns, "sparky")
+            lr = ((found or {}).get("status") or {}).get("lastReconciliation") or {}
+            return lr if lr.get("sparkApplicationState") == "COMPLETED" else None
+
+        lr = wait_for(state, 30, "the SparkApplication's state in status")
+        assert lr["sparkApplication"] == f"{job}-1700000000"
