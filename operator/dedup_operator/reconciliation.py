@@ -83,6 +83,8 @@ def last_reconciliation(summary: Mapping[str, Any], configmap: str) -> dict[str,
         "runId": str(summary.get("runId") or ""),
         "reportRef": {"configMap": configmap},
     }
+    if "missingDeadLetters" in totals:  # invalid input with no dead letter (fails too)
+        last["missingDeadLetters"] = int(totals["missingDeadLetters"])
     if summary.get("report"):
         last["reportRef"]["report"] = str(summary["report"])
     return last
@@ -92,8 +94,13 @@ def _findings(last: Mapping[str, Any]) -> str:
     return (
         f"{last.get('duplicates', 0)} duplicates, {last.get('missing', 0)} missing, "
         f"{last.get('unexpected', 0)} unexpected, {last.get('orderViolations', 0)} order "
-        f"violations in {last.get('checked', 0)} input records checked"
+        f"violations{_dead_letters(last)} in {last.get('checked', 0)} input records checked"
     )
+
+
+def _dead_letters(last: Mapping[str, Any]) -> str:
+    n = int(last.get("missingDeadLetters") or 0)
+    return f", {n} invalid records without a dead letter" if n else ""
 
 
 def message(last: Mapping[str, Any]) -> str:

@@ -60,6 +60,12 @@ def test_failing_result_flips_the_condition_with_the_numbers() -> None:
         assert text in out.event[2]
 
 
+def test_missing_dead_letters_are_reported() -> None:
+    out = r.outcome(summary(False, missingDeadLetters=7), "cm", None)
+    assert out.last is not None and out.last["missingDeadLetters"] == 7
+    assert "7 invalid records without a dead letter" in r.condition(out.last).message
+
+
 def test_same_or_older_result_changes_nothing() -> None:
     previous = r.last_reconciliation(json.loads(summary()), "events-reconciliation")
     assert r.outcome(summary(), "events-reconciliation", previous) == r.Outcome(None)
