@@ -238,16 +238,20 @@ class Kube:
         refs = list(meta.get("ownerReferences") or [])
         if any(r.get("uid") == reference["uid"] for r in refs):
             return
-        self.core.patch_namespaced_config_map(
-            meta["name"],
-            namespace,
-            {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "ownerReferences": [*refs, dict(reference)],
-                }
-            },
-        )
+        try:
+            self.core.patch_namespaced_config_map(
+                meta["name"],
+                namespace,
+                {
+                    "metadata": {
+                        "resourceVersion": meta["resourceVersion"],
+                        "ownerReferences": [*refs, dict(reference)],
+                    }
+                },
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # replaced or gone meanwhile: next pass
+                raise
 
     def spark_applications(self, namespace: str, scheduled: str) -> list[Obj]:
         """The SparkApplications the Spark operator started for ScheduledSparkApplication

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.integration
 
 SPARK_OPERATOR_CRDS = Path(__file__).resolve().parents[1] / "support" / "spark_operator_crds.yaml"
 NEVER = "0 0 1 1 *"  # once a year: no tick during a test
+ALSO_NEVER = "0 0 2 1 *"
 
 
 @pytest.fixture(autouse=True)
@@ -193,6 +194,22 @@ def test_cron_job_result_in_status_and_removal(
         rules = rbac.read_namespaced_role(job, ns).rules
         assert any("pods" in r.resources and "deletecollection" in r.verbs for r in rules)
         assert rbac.read_namespaced_role_binding(job, ns).role_ref.name == job
+
+        # -- a spec change reaches the CronJob (replaced: its spec hash differs)
+        custom.patch_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            "audited",
+            {"spec": {"reconciliation": {"schedule": ALSO_NEVER}}},
+            _content_type="application/merge-patch+json",
+        )
+        wait_for(
+            lambda: (c := cron_job()) is not None and c.spec.schedule == ALSO_NEVER,
+            30,
+            "the CronJob's new schedule",
+        )
 
         # -- a passing audit, written as the job writes it
         t1 = datetime.now(UTC).replace(microsecond=0)
