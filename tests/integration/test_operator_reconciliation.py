@@ -285,6 +285,23 @@ def test_cron_job_result_in_status_and_removal(
         # the same result again is not news
         assert sum(1 for _, r, _ in events(api, ns, "audited") if r == "ReconciliationFailed") == 1
 
+        # -- a summary the operator cannot read: one Warning, the status stays
+        core.patch_namespaced_config_map(
+            "audited-reconciliation", ns, {"data": {names.RECONCILIATION_SUMMARY_KEY: "{"}}
+        )
+        unreadable = wait_for(
+            lambda: [
+                m
+                for t, r, m in events(api, ns, "audited")
+                if (t, r) == ("Warning", "ReconciliationUnreadable")
+            ],
+            15,
+            "the ReconciliationUnreadable Event",
+        )
+        assert "not JSON" in unreadable[0]
+        lr = (get_pipeline(api, ns, "audited") or {})["status"]["lastReconciliation"]
+        assert lr["runId"] == "run-2"
+
         # -- the reconciliation removed from the spec: its CronJob and RBAC go
         custom.patch_namespaced_custom_object(
             names.GROUP,
