@@ -482,8 +482,9 @@ def _topic(
 def _schedule_audit(kube: Kube, spec: PipelineSpec, owner: Owner, cleanup: bool) -> None:
     """Keep the scheduled audit's objects in step with spec.reconciliation: the CronJob,
     or the ScheduledSparkApplication when the Spark operator's CRD is installed (the
-    other one deleted); all of them deleted when the spec has no reconciliation
-    (checked on spec changes and at start only: `cleanup`)."""
+    other one deleted, so installing the Spark operator later switches over); all of
+    them deleted when the spec has no reconciliation (checked on spec changes and at
+    start only: `cleanup`)."""
     job = names.reconciliation_job(spec.name)
     kinds = ("CronJob", "ScheduledSparkApplication", "RoleBinding", "Role", "ServiceAccount")
     if spec.reconciliation is None:
@@ -496,7 +497,7 @@ def _schedule_audit(kube: Kube, spec: PipelineSpec, owner: Owner, cleanup: bool)
         if obj["kind"] in ("CronJob", "ScheduledSparkApplication"):
             kube.apply_by_hash(obj)
             other = "CronJob" if obj["kind"] != "CronJob" else "ScheduledSparkApplication"
-            if cleanup and (other == "CronJob" or spark_operator):
+            if other == "CronJob" or spark_operator:  # the CRD may come or go
                 kube.delete_if_present(other, spec.namespace, job)
         else:
             kube.ensure(obj)

@@ -173,9 +173,9 @@ def test_scheduled_spark_application_with_the_spark_operator() -> None:
     assert t["mainApplicationFile"] == (
         "local:///opt/dedup/lib/python3.11/site-packages/dedup_spark/reconcile.py"
     )
-    assert "--master" not in t["arguments"]
-    cron_argv = rec.command(spec())
-    assert t["arguments"] == cron_argv[1 : cron_argv.index("--master")]
+    # the CronJob's command: without --master dedup-reconcile would run local[2]
+    assert t["arguments"] == rec.command(spec())[1:]
+    assert flags(t["arguments"])["--master"] == "k8s"
     assert t["driver"]["serviceAccount"] == "events-reconcile"
     assert t["driver"]["cores"] == 1 and t["driver"]["memory"]
     assert t["executor"]["instances"] == 3

@@ -6,7 +6,10 @@ of two schedulers (`reconciliation_objects(..., spark_operator=...)`):
 
 - the Spark operator's CRD `scheduledsparkapplications.sparkoperator.k8s.io` is installed
   and `spark.master` is `k8s`: a `ScheduledSparkApplication` (v1beta2) `P-reconcile`,
-  cluster mode: the Spark operator submits the driver, which asks for the executors;
+  cluster mode: the Spark operator submits the driver, which asks for the executors.
+  Its arguments keep `--master k8s`: dedup-reconcile's own default is `local[2]`, which
+  would override the master spark-submit set; `k8s` makes session.py configure the same
+  driver-in-its-pod settings spark-submit gives a cluster-mode driver;
 - otherwise a `batch/v1` CronJob `P-reconcile` whose pod IS the Spark driver in client
   mode (`--master k8s`: session.py points Spark at the API server from inside the pod,
   with the pod's IP and name from the downward API so executor pods are owned by it).
@@ -297,7 +300,7 @@ def scheduled_spark_application(spec: PipelineSpec, owner: Owner) -> dict[str, A
                     "mode": "cluster",
                     "image": image(spec),
                     "mainApplicationFile": APPLICATION_FILE,
-                    "arguments": arguments(spec),
+                    "arguments": [*arguments(spec), "--master", "k8s"],
                     "sparkVersion": SPARK_VERSION,
                     "restartPolicy": {"type": "Never"},
                     "volumes": [{"name": REPORT_VOLUME, "emptyDir": {}}],
