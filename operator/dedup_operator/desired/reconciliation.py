@@ -36,6 +36,7 @@ from dedup_operator.desired.owner import Owner, metadata
 from dedup_operator.desired.partition import kafka_env
 from dedup_operator.desired.pipeline import RBAC
 from dedup_operator.spec import PipelineSpec
+from dedup_spark.session import pod_identity_env
 
 RECONCILE_COMMAND: Final = "dedup-reconcile"
 REPORT_DIR: Final = "/reports"
@@ -142,19 +143,10 @@ def command(spec: PipelineSpec) -> list[str]:
     return [RECONCILE_COMMAND, *arguments(spec), "--master", spec.reconciliation.spark.master]
 
 
-def _field(path: str) -> dict[str, Any]:
-    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
 def driver_env(spec: PipelineSpec) -> list[dict[str, Any]]:
-    """The driver pod's identity (downward API) and the pipeline's Kafka settings,
-    exactly as the workers get them."""
-    return [
-        {"name": "DEDUP_POD_IP", **_field("status.podIP")},
-        {"name": "DEDUP_POD_NAME", **_field("metadata.name")},
-        {"name": "DEDUP_NAMESPACE", **_field("metadata.namespace")},
-        *kafka_env(spec),
-    ]
+    """The driver pod's identity (downward API, as session.py reads it) and the
+    pipeline's Kafka settings, exactly as the workers get them."""
+    return [*pod_identity_env(), *kafka_env(spec)]
 
 
 def _labels(spec: PipelineSpec) -> dict[str, str]:
