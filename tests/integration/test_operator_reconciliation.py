@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
+from dedup_local.spark_pods import ExecutorWatch
 from dedup_operator import names
 from dedup_operator.desired import reconciliation as desired_audit
 from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
@@ -32,6 +34,7 @@ from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.worker_helpers import event, produce, read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -404,3 +407,104 @@ def test_scheduled_spark_application_with_the_spark_operator(
 
         lr = wait_for(state, 30, "the SparkApplication's state in status")
         assert lr["sparkApplication"] == f"{job}-1700000000"
+
+
+def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """The real thing: the workers deduplicate; a Job from the operator's CronJob runs
+    the driver pod, which gets two executor pods from the API server and audits the
+    topics; the result reaches the status. Then a duplicate planted in the output makes
+    the next run fail and flips ReconciliationHealthy."""
+    ns, api = cluster_namespace.name, cluster_namespace.api_client
+    topic = topics(kafka, new_topic)
+    name = "live"
+    cron = names.reconciliation_job(name)
+    ids = [f"ev-{i % 250}" for i in range(300)]  # 50 repeats within the window
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns,
+            names.PLURAL,
+            pipeline_body(name, kafka.bootstrap, topic, local_cluster.storage_class),
+        )
+        produce(kafka.bootstrap, topic, [*(event(i) for i in ids), b"not json"])
+        wait_for(
+            lambda: len(read_committed(kafka.bootstrap, f"{topic}-out")) == 250 or None,
+            180,
+            "the workers to publish 250 ids",
+            every=2,
+        )
+
+        def run_audit(job: str) -> tuple[dict[str, Any], ExecutorWatch]:
+            watch = ExecutorWatch(api, ns)
+            try:
+                local_cluster.kubectl("create", "job", f"--from=cronjob/{cron}", job, "-n", ns)
+
+                def finished() -> dict[str, Any] | None:
+                    found = get_pipeline(api, ns, name)
+                    lr = ((found or {}).get("status") or {}).get("lastReconciliation") or {}
+                    return found if lr.get("runId") not in (None, *seen_runs) else None
+
+                found = wait_for(finished, 300, f"the result of {job} in status", every=2)
+            except AssertionError:
+                pods = client.CoreV1Api(api).list_namespaced_pod(ns).items
+                for pod in pods:
+                    if pod.metadata.name.startswith(job):
+                        print(local_cluster.pod_log(ns, pod.metadata.name)[-4000:])
+                raise
+            finally:
+                watch.stop()
+            seen_runs.add(found["status"]["lastReconciliation"]["runId"])
+            return found, watch
+
+        seen_runs: set[str] = set()
+        found, watch = run_audit("audit-1")
+        lr = found["status"]["lastReconciliation"]
+        assert lr["passed"] is True, lr
+        assert (lr["checked"], lr["duplicates"], lr["missing"]) == (301, 0, 0)
+        healthy = condition(found, "ReconciliationHealthy")
+        assert healthy is not None and healthy["status"] == "True"
+        driver_pods = {
+            p.metadata.name
+            for p in client.CoreV1Api(api).list_namespaced_pod(ns).items
+            if p.metadata.name.startswith("audit-1-")
+        }
+        assert len(watch.seen) >= 2, watch.seen
+        for executor, seen in watch.seen.items():
+            owners = {owner for kind, owner in seen.owners if kind == "Pod"}
+            assert owners and owners <= driver_pods, (executor, seen.owners, driver_pods)
+            assert "Running" in seen.phases
+
+        # A duplicate planted in the output: the next run fails, with the numbers.
+        first = read_committed(kafka.bootstrap, f"{topic}-out")[0]
+        planted = Producer(kafka.client_config(**{"transactional.id": f"plant-{ns}"}))
+        planted.init_transactions(30)
+        planted.begin_transaction()
+        planted.produce(
+            f"{topic}-out",
+            first.value(),
+            first.key(),
+            0,
+            timestamp=first.timestamp()[1],
+            headers=first.headers(),
+        )
+        planted.commit_transaction(30)
+        found, _ = run_audit("audit-2")
+        lr = found["status"]["lastReconciliation"]
+        assert (lr["passed"], lr["duplicates"]) == (False, 1), lr
+        healthy = condition(found, "ReconciliationHealthy")
+        assert healthy is not None and healthy["status"] == "False"
+        assert "1 duplicate" in healthy["message"], healthy
+        wait_for(
+            lambda: any(
+                r == "ReconciliationFailed" and t == "Warning" for t, r, _ in events(api, ns, name)
+            ),
+            15,
+            "the ReconciliationFailed Event",
+        )
