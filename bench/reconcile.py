@@ -145,11 +145,11 @@ def _flush(
     outs.clear()
 
 
-def job(kafka: KafkaBroker, name: str, report: Path) -> reconcile.AuditJob:
+def job(bootstrap: str, name: str, report: Path) -> reconcile.AuditJob:
     return reconcile.AuditJob(
         pipeline=name,
         namespace="bench",
-        kafka=KafkaSource(kafka.bootstrap),
+        kafka=KafkaSource(bootstrap),
         input_topic=f"{name}-in",
         output_topic=f"{name}-out",
         dead_letter_topic=f"{name}-dlq",
@@ -162,8 +162,8 @@ def job(kafka: KafkaBroker, name: str, report: Path) -> reconcile.AuditJob:
     )
 
 
-def run_spark(spark: Any, kafka: KafkaBroker, name: str, report: Path) -> dict[str, Any]:
-    src = KafkaSource(kafka.bootstrap)
+def run_spark(spark: Any, bootstrap: str, name: str, report: Path) -> dict[str, Any]:
+    src = KafkaSource(bootstrap)
     start = time.perf_counter()
     for suffix in ("in", "out"):
         with_ids(read_topic(spark, src, f"{name}-{suffix}"), SPEC).write.format("noop").mode(
@@ -172,7 +172,7 @@ def run_spark(spark: Any, kafka: KafkaBroker, name: str, report: Path) -> dict[s
     read_topic(spark, src, f"{name}-dlq").write.format("noop").mode("overwrite").save()
     reading = time.perf_counter() - start
     start = time.perf_counter()
-    summary = reconcile.run(spark, job(kafka, name, report))
+    summary = reconcile.run(spark, job(bootstrap, name, report))
     total = time.perf_counter() - start
     return {"reading_s": reading, "total_s": total, "totals": summary["totals"]}
 
@@ -252,9 +252,15 @@ def main() -> int:
     )
     parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 5_000_000])
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--masters", nargs="+", default=["local[2]"])
+    parser.add_argument("--masters", nargs="+", default=["local[2]", "k8s"])
+    parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--in-pod", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.in_pod:
+        return in_pod(args.bootstrap, args.name, args.executors)
 
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-reconcile-")))
@@ -269,12 +275,16 @@ def main() -> int:
             if baseline:
                 print(f"  plain python: {baseline['total_s']:.1f}s", flush=True)
             for master in args.masters:
-                spark = _session(master, work)
-                try:
-                    spark_run(spark, kafka, name, work)  # warm-up: JVM, jars, Python workers
-                    ours = spark_run(spark, kafka, name, work)
-                finally:
-                    spark.stop()
+                if master == "k8s":
+                    ours = on_cluster(stack, kafka, name, args.executors)
+                    master = f"k8s, {args.executors} executor pods"
+                else:
+                    spark = _session(master, work)
+                    try:
+                        spark_run(spark, kafka.bootstrap, name, work)  # warm-up: JVM, workers
+                        ours = spark_run(spark, kafka.bootstrap, name, work)
+                    finally:
+                        spark.stop()
                 print(f"  spark {master}: {ours['total_s']:.1f}s", flush=True)
                 if baseline and ours["totals"] != baseline["totals"]:
                     print(f"COUNTS DIFFER: spark {ours['totals']} plain {baseline['totals']}")
@@ -284,18 +294,76 @@ def main() -> int:
     return 0
 
 
-def spark_run(spark: Any, kafka: KafkaBroker, name: str, work: Path) -> dict[str, Any]:
-    return run_spark(spark, kafka, name, work / f"report-{uuid.uuid4().hex[:6]}")
+def spark_run(spark: Any, bootstrap: str, name: str, work: Path) -> dict[str, Any]:
+    return run_spark(spark, bootstrap, name, work / f"report-{uuid.uuid4().hex[:6]}")
+
+
+RESULT_MARK = "BENCH-RESULT "
+_cluster: dict[str, Any] = {}
+
+
+def on_cluster(stack: ExitStack, kafka: KafkaBroker, name: str, executors: int) -> dict[str, Any]:
+    """The same runs in a driver pod on the local cluster, with executor pods."""
+    from kubernetes import client
+
+    from dedup_local.cluster import ClusterTimings, LocalCluster
+    from dedup_local.spark_pods import driver_pod, grant_driver, run_driver
+
+    if not _cluster:
+        cluster = LocalCluster(nodes=2, timings=ClusterTimings.fast())
+        cluster.start()
+        stack.callback(cluster.stop)
+        api = cluster.api_client()
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "bench"}})
+        _cluster.update(cluster=cluster, api=api, account=grant_driver(api, "bench"))
+    cluster, api = _cluster["cluster"], _cluster["api"]
+    command = [
+        "python", str(Path(__file__).resolve()), "--in-pod",
+        "--name", name, "--bootstrap", kafka.bootstrap, "--executors", str(executors),
+    ]  # fmt: skip
+    pod = driver_pod(f"bench-{uuid.uuid4().hex[:8]}", command, _cluster["account"])
+    phase, log, watch = run_driver(cluster, api, "bench", pod, timeout_s=3600)
+    lines = [line for line in log.splitlines() if line.startswith(RESULT_MARK)]
+    if phase != "Succeeded" or not lines:
+        raise RuntimeError(f"the driver pod ended {phase}:\n{log[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix(RESULT_MARK))
+    result["executor_pods"] = len(watch.seen)
+    return result
+
+
+def in_pod(bootstrap: str, name: str, executors: int) -> int:
+    """(In the driver pod.) Warm-up run, timed run, result on one line."""
+    from dedup_local.spark_pods import PROJECT_IMAGE
+    from dedup_spark.session import SparkSettings, spark_session
+
+    spark = spark_session(
+        "bench-reconcile",
+        SparkSettings(
+            "k8s",
+            image=PROJECT_IMAGE,
+            executors=executors,
+            executor_memory="2g",
+            driver_memory="2g",
+            conf={"spark.sql.shuffle.partitions": "8"},
+        ),
+    )
+    try:
+        work = Path("/reports")
+        spark_run(spark, bootstrap, name, work)
+        result = spark_run(spark, bootstrap, name, work)
+    finally:
+        spark.stop()
+    print(RESULT_MARK + json.dumps(result), flush=True)
+    return 0
 
 
 def _session(master: str, work: Path) -> Any:
-    from dedup_local.spark import local_spark_session
+    from dedup_spark.session import SparkSettings, spark_session
 
-    return local_spark_session(
+    return spark_session(
         "bench-reconcile",
-        master,
-        work_dir=work / "spark",
-        conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"},
+        SparkSettings(master, driver_memory="4g", conf={"spark.sql.shuffle.partitions": "8"}),
     )
 
 
