@@ -24,7 +24,7 @@ setup-kube:
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/worker_throughput.py bench/restart.py
+	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/worker_throughput.py bench/restart.py bench/reconcile.py
 
 test: setup lint
 	@bash scripts/test.sh
@@ -39,7 +39,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 bench: setup
-	@$(PY) bench/store.py && $(PY) bench/worker_throughput.py && $(PY) bench/restart.py
+	@$(PY) bench/store.py && $(PY) bench/worker_throughput.py && $(PY) bench/restart.py && $(PY) bench/reconcile.py
 
 clean-cache:
 	rm -rf "$(DEDUP_CACHE)"
