@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_local.kafka import KafkaBroker
 from dedup_operator import names
+from support import pipelines
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import (
@@ -31,23 +32,11 @@ pytestmark = pytest.mark.integration
 def pipeline_body(
     name: str, bootstrap: str, topic: str, partitions: int, **spec: Any
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{names.GROUP}/{names.VERSION}",
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "inputTopic": topic,
-                "outputTopic": f"{topic}-out",
-            },
-            "partitions": partitions,
-            "messageId": {"source": "jsonField", "field": "messageId"},
-            "window": {"duration": "1h"},
-            "failover": {"nodeLostAfter": "5s", "leaseDuration": "5s"},
-            **spec,
-        },
-    }
+    """Without dead letters, failover in 5 s (the kubelets here are the test's)."""
+    failover = {"nodeLostAfter": "5s", "leaseDuration": "5s"}
+    return pipelines.pipeline_body(
+        name, bootstrap, topic, partitions, dead_letters=False, failover=failover, **spec
+    )
 
 
 def create(ns: KubeNamespace, body: dict[str, Any]) -> None:

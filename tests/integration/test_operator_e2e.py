@@ -32,6 +32,7 @@ from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, output_ids
 
 pytestmark = pytest.mark.integration
@@ -43,36 +44,15 @@ LEASE_S = 5
 def pipeline_body(
     name: str, bootstrap: str, topic: str, partitions: int, storage_class: str
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{names.GROUP}/{names.VERSION}",
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "inputTopic": topic,
-                "outputTopic": f"{topic}-out",
-                "deadLetterTopic": f"{topic}-dlq",
-            },
-            "partitions": partitions,
-            "messageId": {"source": "jsonField", "field": "messageId"},
-            "window": {"duration": "1h"},
-            "worker": {
-                "image": "dedup-operator:dev",
-                "batchSize": 200,
-                "lingerMs": 20,
-                "resources": {
-                    "requests": {"cpu": "100m", "memory": "128Mi"},
-                    "limits": {"cpu": "1", "memory": "1Gi"},
-                },
-            },
-            "storage": {"size": "1Gi", "storageClassName": storage_class},
-            "failover": {
-                "nodeLostAfter": f"{NODE_LOST_AFTER_S}s",
-                "leaseDuration": f"{LEASE_S}s",
-            },
-        },
-    }
+    return cluster_pipeline_body(
+        name,
+        bootstrap,
+        topic,
+        storage_class,
+        partitions,
+        worker={"batchSize": 200, "lingerMs": 20},
+        failover={"nodeLostAfter": f"{NODE_LOST_AFTER_S}s", "leaseDuration": f"{LEASE_S}s"},
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, produce, read_committed
 
 pytestmark = pytest.mark.integration
@@ -69,31 +70,8 @@ def spark_operator_crds(local_cluster: LocalCluster) -> Iterator[None]:
 
 
 def pipeline_body(name: str, bootstrap: str, topic: str, storage_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{names.GROUP}/{names.VERSION}",
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "inputTopic": topic,
-                "outputTopic": f"{topic}-out",
-                "deadLetterTopic": f"{topic}-dlq",
-            },
-            "partitions": 1,
-            "messageId": {"source": "jsonField", "field": "messageId"},
-            "window": {"duration": "1h"},
-            "worker": {
-                "image": "dedup-operator:dev",
-                "resources": {
-                    "requests": {"cpu": "100m", "memory": "128Mi"},
-                    "limits": {"cpu": "1", "memory": "1Gi"},
-                },
-            },
-            "storage": {"size": "1Gi", "storageClassName": storage_class},
-            "reconciliation": {"schedule": NEVER, "lookback": "2h", "spark": {"executors": 2}},
-        },
-    }
+    audit = {"schedule": NEVER, "lookback": "2h", "spark": {"executors": 2}}
+    return cluster_pipeline_body(name, bootstrap, topic, storage_class, reconciliation=audit)
 
 
 def topics(kafka: KafkaBroker, new_topic: NewTopic) -> str:
