@@ -14,6 +14,13 @@ from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key
 
 Headers = list[tuple[str, bytes | None]]
 
+# Headers a dead letter carries besides the original record's own.
+DLQ_REASON = "dedup.reason"
+DLQ_DETAIL = "dedup.detail"
+DLQ_TOPIC = "dedup.origin.topic"
+DLQ_PARTITION = "dedup.origin.partition"
+DLQ_OFFSET = "dedup.origin.offset"
+
 
 class InputRecord(Protocol):
     """One consumed record. confluent-kafka's `Message` has exactly this shape, so the
@@ -109,3 +116,17 @@ def select_new(firsts: Sequence[Candidate], present: Sequence[bool]) -> list[Can
     if len(firsts) != len(present):
         raise ValueError(f"{len(firsts)} candidates but {len(present)} lookup results")
     return [c for c, hit in zip(firsts, present, strict=True) if not hit]
+
+
+def dead_letter_headers(
+    headers: Headers | None, reason: str, detail: str, topic: str, partition: int, offset: int
+) -> Headers:
+    """A dead letter's headers: the record's own, then why and where it came from."""
+    return [
+        *(headers or ()),
+        (DLQ_REASON, reason.encode()),
+        (DLQ_DETAIL, detail.encode("utf-8", "replace")),
+        (DLQ_TOPIC, topic.encode()),
+        (DLQ_PARTITION, str(partition).encode()),
+        (DLQ_OFFSET, str(offset).encode()),
+    ]

@@ -26,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from dedup_worker import batch as batch_rules
 from dedup_worker import faults
 from dedup_worker.batch import Candidate, DeadLetter, Triage, select_new, triage
 from dedup_worker.config import WorkerConfig
@@ -39,12 +40,12 @@ log = logging.getLogger(__name__)
 # librdkafka's own log lines (delivered on poll) go through our structured logging.
 LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 
-# Headers a dead letter carries besides the original record's own.
-DLQ_REASON = "dedup.reason"
-DLQ_DETAIL = "dedup.detail"
-DLQ_TOPIC = "dedup.origin.topic"
-DLQ_PARTITION = "dedup.origin.partition"
-DLQ_OFFSET = "dedup.origin.offset"
+# Dead-letter header names, re-exported from batch.py (which owns them).
+DLQ_REASON = batch_rules.DLQ_REASON
+DLQ_DETAIL = batch_rules.DLQ_DETAIL
+DLQ_TOPIC = batch_rules.DLQ_TOPIC
+DLQ_PARTITION = batch_rules.DLQ_PARTITION
+DLQ_OFFSET = batch_rules.DLQ_OFFSET
 
 DISK_GAUGE_EVERY_S = 10.0
 
@@ -512,15 +513,14 @@ class DedupWorker:
                 self.producer.poll(0.05)
 
     def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
-        headers = list(dead.record.headers() or ())
-        headers += [
-            (DLQ_REASON, dead.reason.encode()),
-            (DLQ_DETAIL, dead.detail.encode("utf-8", "replace")),
-            (DLQ_TOPIC, self.config.input_topic.encode()),
-            (DLQ_PARTITION, str(self.config.partition).encode()),
-            (DLQ_OFFSET, str(dead.record.offset()).encode()),
-        ]
-        return headers
+        return batch_rules.dead_letter_headers(
+            dead.record.headers(),
+            dead.reason,
+            dead.detail,
+            self.config.input_topic,
+            self.config.partition,
+            dead.record.offset(),
+        )
 
     # -- helpers ---------------------------------------------------------------------
 
