@@ -1,0 +1,577 @@
+"""`dedup-backfill`: the worker's deduplication in batch, and warm stores for new partitions.
+
+`dedup-backfill run` replays history: the records of an input topic (per-partition
+offset ranges, or all) or of Parquet files (columns `partition INT, offset BIGINT,
+timestamp_ms BIGINT, key BINARY, value BINARY, headers ARRAY<STRUCT<key STRING, value
+BINARY>>`), deduplicated with the worker's semantics (`first_occurrences`):
+
+* the id of each record under `dedup_worker.ids` (imported); a record without a valid
+  id becomes a dead letter with the worker's reason and headers;
+* per partition, in offset order, the first occurrence of an id is published; a repeat
+  is dropped while the id's last publication is less than a window older (record
+  timestamps), and published again after that;
+* a published record keeps its key, value, headers and timestamp, gains the `dedup.id`
+  header, and goes to the same partition number, as the worker's output does.
+
+Output goes to a topic, each partition in one Kafka transaction written from the
+executor that computed it (read_committed readers see a partition all or nothing;
+partitions commit independently, so a failed run can leave some partitions written:
+rerun it into a fresh topic), or to Parquet files (`--output-dir`, `published/` and
+`dead_letters/`).
+
+`dedup-backfill warm-store` writes the ids an output partition published within the
+window into a fresh store in the worker's on-disk format, through
+`dedup_worker.store.Store` (the one writer of that format), with the output offset at
+the partition's end: a worker started on it recovers nothing from the output topic and
+still drops repeats of those ids. `--commit-input-offsets` (of `run`) sets the
+pipeline's consumer group to the end of the replayed range, so the worker resumes after
+it.
+
+Exit codes: 0 done, 2 could not run (one log line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from dedup_spark.source import KafkaSource, SourceError, parse_settings, read_topic, with_header
+from dedup_worker.batch import Headers, dead_letter_headers
+from dedup_worker.config import default_consumer_group
+from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, InvalidRecord, extract_id, id_key
+from dedup_worker.logs import configure
+from dedup_worker.store import Store, StoreError, StoreOwner
+from dedup_worker.window import WindowPolicy, parse_duration_ms
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("dedup_spark.backfill")
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 2
+WARM_BATCH: Final = 50_000
+
+
+class BackfillError(Exception):
+    """The backfill cannot run as asked; the message is for a person."""
+
+
+# --- the pure rule ---------------------------------------------------------------------
+
+
+class SourceRecord(NamedTuple):
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+
+
+class Published(NamedTuple):
+    record: SourceRecord
+    message_id: str
+
+    def headers(self) -> Headers:
+        """The output record's headers: the input's, then the id (as the worker writes)."""
+        return [*(self.record.headers or ()), (ID_HEADER, self.message_id.encode())]
+
+
+class Rejected(NamedTuple):
+    record: SourceRecord
+    reason: str
+    detail: str
+
+
+def first_occurrences(
+    records: Iterable[SourceRecord], spec: IdSpec, window_ms: int | None
+) -> tuple[list[Published], list[Rejected]]:
+    """One partition's records (offset order) -> what the worker publishes, and its dead
+    letters (module docstring). `window_ms` None: ids never expire."""
+    published: list[Published] = []
+    rejected: list[Rejected] = []
+    last_published: dict[bytes, int] = {}
+    for rec in records:
+        try:
+            message_id = extract_id(spec, rec.key, rec.value, rec.headers)
+        except InvalidRecord as invalid:
+            rejected.append(Rejected(rec, invalid.reason, invalid.detail))
+            continue
+        key = id_key(message_id)
+        last = last_published.get(key)
+        if last is not None and (window_ms is None or rec.timestamp_ms - last < window_ms):
+            continue
+        last_published[key] = rec.timestamp_ms
+        published.append(Published(rec, message_id))
+    return published, rejected
+
+
+# --- the job -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackfillJob:
+    kafka: KafkaSource | None
+    input_topic: str | None
+    input_files: str | None
+    offsets: Mapping[int, tuple[int, int]] | None
+    id_spec: IdSpec
+    window_ms: int | None
+    output_topic: str | None
+    dead_letter_topic: str | None
+    output_dir: str | None
+    origin_topic: str  # named in dead letters' origin header
+    run_id: str
+
+
+RESULT_SCHEMA: Final = "partition INT, published BIGINT, dead_letters BIGINT, last_offset BIGINT"
+
+
+def records_frame(spark: SparkSession, job: BackfillJob) -> DataFrame:
+    if job.input_files:
+        frame = spark.read.parquet(job.input_files)
+        return frame.select("partition", "offset", "timestamp_ms", "key", "value", "headers")
+    assert job.kafka is not None and job.input_topic is not None
+    return read_topic(spark, job.kafka, job.input_topic, offsets=job.offsets)
+
+
+def run(spark: SparkSession, job: BackfillJob) -> dict[int, dict[str, int]]:
+    """Deduplicate per partition in Spark and write the result; per-partition counts."""
+    frame = records_frame(spark, job)
+    if job.output_dir:
+        return _to_files(frame, job)
+    return _to_topic(frame, job)
+
+
+def _partition_records(table: pa.Table) -> tuple[int, list[SourceRecord]]:
+    table = table.sort_by([("offset", "ascending")])
+    partition = int(table.column("partition")[0].as_py())
+    headers = [
+        None if hs is None else [(h["key"], h["value"]) for h in hs]
+        for hs in table.column("headers").to_pylist()
+    ]
+    records = list(
+        map(
+            SourceRecord._make,
+            zip(
+                table.column("offset").to_pylist(),
+                table.column("timestamp_ms").to_pylist(),
+                table.column("key").to_pylist(),
+                table.column("value").to_pylist(),
+                headers,
+                strict=True,
+            ),
+        )
+    )
+    return partition, records
+
+
+def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
+    assert job.kafka is not None and job.output_topic is not None
+    settings = {
+        "bootstrap.servers": job.kafka.bootstrap_servers,
+        **job.kafka.settings,
+        "linger.ms": 20,
+        "transaction.timeout.ms": 600_000,
+    }
+    spec, window, run_id = job.id_spec, job.window_ms, job.run_id
+    output, dead_topic, origin = job.output_topic, job.dead_letter_topic, job.origin_topic
+
+    def publish(table: pa.Table) -> pa.Table:
+        import pyarrow as pa
+        from confluent_kafka import Producer
+
+        partition, records = _partition_records(table)
+        published, rejected = first_occurrences(records, spec, window)
+        if rejected and not dead_topic:
+            raise BackfillError(
+                f"partition {partition}: {len(rejected)} records without a valid id and no "
+                "--dead-letter-topic"
+            )
+        producer = Producer(
+            {**settings, "transactional.id": f"dedup-backfill/{run_id}/p{partition}"}
+        )
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        for item in published:
+            _produce(
+                producer,
+                output,
+                item.record,
+                item.headers(),
+                partition,
+            )
+        for dead in rejected:
+            headers = dead_letter_headers(
+                dead.record.headers, dead.reason, dead.detail, origin, partition, dead.record.offset
+            )
+            _produce(producer, dead_topic or "", dead.record, headers, None)
+        producer.commit_transaction(120)
+        return pa.Table.from_pylist(
+            [
+                {
+                    "partition": partition,
+                    "published": len(published),
+                    "dead_letters": len(rejected),
+                    "last_offset": records[-1].offset if records else -1,
+                }
+            ],
+            schema=pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("published", pa.int64()),
+                    ("dead_letters", pa.int64()),
+                    ("last_offset", pa.int64()),
+                ]
+            ),
+        )
+
+    rows = frame.groupBy("partition").applyInArrow(publish, RESULT_SCHEMA).collect()
+    return {
+        int(r["partition"]): {
+            "published": int(r["published"]),
+            "deadLetters": int(r["dead_letters"]),
+            "lastOffset": int(r["last_offset"]),
+        }
+        for r in rows
+    }
+
+
+def _produce(
+    producer: Any, topic: str, record: SourceRecord, headers: Headers, partition: int | None
+) -> None:
+    extra = {} if partition is None else {"partition": partition}
+    while True:
+        try:
+            producer.produce(
+                topic,
+                record.value,
+                record.key,
+                timestamp=record.timestamp_ms,
+                headers=headers,
+                **extra,
+            )
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
+OUTPUT_SCHEMA: Final = (
+    "kind STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, key BINARY, value BINARY, "
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, id STRING, reason STRING"
+)
+
+
+def _to_files(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
+    spec, window, origin = job.id_spec, job.window_ms, job.origin_topic
+
+    def dedup(table: pa.Table) -> pa.Table:
+        import pyarrow as pa
+
+        partition, records = _partition_records(table)
+        published, rejected = first_occurrences(records, spec, window)
+        rows: list[dict[str, Any]] = []
+        for item in published:
+            rows.append(_row("published", partition, item.record, item.headers(), item.message_id))
+        for dead in rejected:
+            headers = dead_letter_headers(
+                dead.record.headers, dead.reason, dead.detail, origin, partition, dead.record.offset
+            )
+            rows.append(_row("dead_letter", partition, dead.record, headers, None, dead.reason))
+        return pa.Table.from_pylist(rows, schema=_output_arrow_schema())
+
+    result = frame.groupBy("partition").applyInArrow(dedup, OUTPUT_SCHEMA).cache()
+    try:
+        out = (job.output_dir or "").rstrip("/")
+        published = result.where("kind = 'published'").drop("kind", "reason")
+        published.orderBy("partition", "offset").write.mode("overwrite").parquet(f"{out}/published")
+        dead = result.where("kind = 'dead_letter'").drop("kind", "id")
+        dead.orderBy("partition", "offset").write.mode("overwrite").parquet(f"{out}/dead_letters")
+        counts = result.groupBy("partition", "kind").count().collect()
+    finally:
+        result.unpersist()
+    summary: dict[int, dict[str, int]] = {}
+    for row in counts:
+        entry = summary.setdefault(int(row["partition"]), {"published": 0, "deadLetters": 0})
+        entry["published" if row["kind"] == "published" else "deadLetters"] = int(row["count"])
+    return summary
+
+
+def _row(
+    kind: str,
+    partition: int,
+    record: SourceRecord,
+    headers: Headers,
+    message_id: str | None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "partition": partition,
+        "offset": record.offset,
+        "timestamp_ms": record.timestamp_ms,
+        "key": record.key,
+        "value": record.value,
+        "headers": [{"key": k, "value": v} for k, v in headers],
+        "id": message_id,
+        "reason": reason,
+    }
+
+
+def _output_arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    return pa.schema(
+        [
+            ("kind", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp_ms", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("headers", pa.list_(header)),
+            ("id", pa.string()),
+            ("reason", pa.string()),
+        ]
+    )
+
+
+def commit_input_offsets(
+    kafka: KafkaSource, topic: str, group: str, next_offsets: Mapping[int, int]
+) -> None:
+    """Set `group`'s committed offsets on `topic` (the worker resumes there)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            **kafka.settings,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "logger": logging.getLogger("librdkafka"),
+        }
+    )
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in sorted(next_offsets.items())],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
+# --- warm stores ------------------------------------------------------------------------
+
+
+def output_end(kafka: KafkaSource, topic: str, partition: int) -> int:
+    """The output partition's last stable offset (what a read_committed reader reaches)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            **kafka.settings,
+            "group.id": f"dedup-backfill-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "logger": logging.getLogger("librdkafka"),
+        }
+    )
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+    finally:
+        consumer.close()
+    return int(end)
+
+
+def warm_store(
+    spark: SparkSession,
+    kafka: KafkaSource,
+    output_topic: str,
+    partition: int,
+    store_path: Path,
+    owner: StoreOwner,
+    window: WindowPolicy,
+    now_ms: int | None = None,
+) -> int:
+    """Write the window's published ids of one output partition into a fresh store.
+    Returns how many ids it holds."""
+    if store_path.exists() and any(store_path.iterdir()):
+        raise BackfillError(f"{store_path} is not empty: a warm store starts fresh")
+    end = output_end(kafka, output_topic, partition)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    since = None if window.duration_ms is None else now_ms - window.duration_ms
+    ids = with_header(
+        read_topic(spark, kafka, output_topic, offsets={partition: (0, end)}), ID_HEADER, "id"
+    ).where("id IS NOT NULL")
+    if since is not None:
+        ids = ids.where(f"timestamp_ms >= {since}")
+    rows = ids.select("offset", "timestamp_ms", "id").orderBy("offset").toLocalIterator()
+    with Store.open(store_path, owner, window) as store:
+        for chunk in _chunks(rows, WARM_BATCH):
+            newest = max(int(r["timestamp_ms"]) for r in chunk)
+            store.record_batch(
+                [id_key(r["id"]) for r in chunk],
+                newest,
+                input_next_offset=None,
+                output_next_offset=None,
+            )
+        # The output offset last: a worker resumes its catch-up there and finds nothing.
+        store.record_batch([], now_ms, input_next_offset=None, output_next_offset=end)
+        store.flush()
+        return store.key_count
+
+
+def _chunks(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dedup-backfill",
+        description="The worker's deduplication in batch over history, and warm stores.",
+        epilog="Exit codes: 0 done, 2 could not run. Kafka client settings: --kafka-config "
+        "or env DEDUP_KAFKA_CONFIG (key=value,...).",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", default="json", choices=["json", "text"])
+    p.add_argument("--master", default="local[2]", help="local[N], k8s, or k8s://https://...")
+    p.add_argument("--image", help="executor image (--master k8s)")
+    p.add_argument("--executors", type=int, default=2)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run_p = sub.add_parser("run", help="deduplicate a topic's range or files")
+    run_p.add_argument("--bootstrap-servers")
+    run_p.add_argument("--kafka-config", default="")
+    source = run_p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input-topic")
+    source.add_argument("--input-files", help="Parquet directory (see the module docstring)")
+    run_p.add_argument("--offsets", help="P:START-END[,P:START-END] of --input-topic")
+    run_p.add_argument("--id-source", default="jsonField", choices=list(ID_SOURCES))
+    run_p.add_argument("--id-field", default="messageId")
+    run_p.add_argument("--window", help="the pipeline's window duration (none: never expire)")
+    target = run_p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--output-topic")
+    target.add_argument("--output-dir", help="Parquet directory")
+    run_p.add_argument("--dead-letter-topic")
+    run_p.add_argument("--origin-topic", help="input topic named in dead letters (files)")
+    run_p.add_argument(
+        "--commit-input-offsets",
+        metavar="PIPELINE",
+        help="set PIPELINE's consumer group to the end of the replayed range",
+    )
+
+    warm = sub.add_parser("warm-store", help="a fresh store from an output partition")
+    warm.add_argument("--bootstrap-servers", required=True)
+    warm.add_argument("--kafka-config", default="")
+    warm.add_argument("--output-topic", required=True)
+    warm.add_argument("--partition", type=int, required=True)
+    warm.add_argument("--store-path", required=True)
+    warm.add_argument("--pipeline", required=True)
+    warm.add_argument("--namespace", default="default")
+    warm.add_argument("--window", help="window duration")
+    warm.add_argument("--window-max-keys", type=int)
+    return p
+
+
+def _kafka(args: argparse.Namespace) -> KafkaSource | None:
+    if not args.bootstrap_servers:
+        return None
+    return KafkaSource(args.bootstrap_servers, parse_settings(args.kafka_config))
+
+
+def job_from_args(args: argparse.Namespace) -> BackfillJob:
+    from dedup_spark.reconcile import parse_offsets
+
+    kafka = _kafka(args)
+    if args.input_topic and kafka is None:
+        raise BackfillError("--input-topic needs --bootstrap-servers")
+    if args.output_topic and kafka is None:
+        raise BackfillError("--output-topic needs --bootstrap-servers")
+    if args.offsets and not args.input_topic:
+        raise BackfillError("--offsets goes with --input-topic")
+    try:
+        return BackfillJob(
+            kafka=kafka,
+            input_topic=args.input_topic,
+            input_files=args.input_files,
+            offsets=parse_offsets(args.offsets) if args.offsets else None,
+            id_spec=IdSpec(args.id_source, args.id_field),
+            window_ms=parse_duration_ms(args.window) if args.window else None,
+            output_topic=args.output_topic,
+            dead_letter_topic=args.dead_letter_topic,
+            output_dir=args.output_dir,
+            origin_topic=args.origin_topic or args.input_topic or "",
+            run_id=uuid.uuid4().hex[:12],
+        )
+    except ValueError as exc:
+        raise BackfillError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dedup_spark.session import SparkSettings, spark_session
+
+    args = build_parser().parse_args(argv)
+    configure(args.log_level, args.log_format)
+    settings = SparkSettings(args.master, image=args.image, executors=args.executors)
+    try:
+        if args.command == "warm-store":
+            kafka = _kafka(args)
+            assert kafka is not None
+            window = WindowPolicy.from_spec(args.window, args.window_max_keys)
+            owner = StoreOwner(args.namespace, args.pipeline, args.partition)
+            spark = spark_session("dedup-backfill-warm", settings)
+            try:
+                held = warm_store(
+                    spark, kafka, args.output_topic, args.partition, Path(args.store_path), owner,
+                    window,
+                )  # fmt: skip
+            finally:
+                spark.stop()
+            log.info("store warmed", extra={"ids": held, "store_path": args.store_path})
+            return EXIT_OK
+        job = job_from_args(args)
+        spark = spark_session(f"dedup-backfill-{job.run_id}", settings)
+        try:
+            counts = run(spark, job)
+        finally:
+            spark.stop()
+        if args.commit_input_offsets and job.kafka and job.input_topic:
+            commit_input_offsets(
+                job.kafka,
+                job.input_topic,
+                default_consumer_group(args.commit_input_offsets),
+                {p: c["lastOffset"] + 1 for p, c in counts.items() if c["lastOffset"] >= 0},
+            )
+        log.info("backfill done", extra={"partitions": json.dumps(counts, sort_keys=True)})
+        return EXIT_OK
+    except (BackfillError, SourceError, StoreError, ValueError) as exc:
+        log.error("backfill could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+    except Exception as exc:  # Spark's and Kafka's errors carry long traces: one line
+        text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:500]
+        log.error("backfill could not run: %s", text, extra={"exit_code": EXIT_ERROR})
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

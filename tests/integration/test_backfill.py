@@ -1,0 +1,197 @@
+"""`dedup-backfill` against a real broker, a real local SparkSession and the real worker.
+
+- The backfill's output for an input equals the worker's output for the same input,
+  per partition: the same records in the same order, and the same dead letters.
+- A store warmed by the backfill makes a worker start with nothing to recover and still
+  drop repeats of the warmed ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from dedup_local.kafka import KafkaBroker
+from dedup_spark import backfill
+from dedup_spark.source import KafkaSource
+from dedup_worker.batch import DLQ_OFFSET, DLQ_REASON
+from dedup_worker.config import default_consumer_group
+from dedup_worker.ids import IdSpec
+from dedup_worker.loop import DedupWorker
+from dedup_worker.store import StoreOwner
+from dedup_worker.window import WindowPolicy
+from support.worker_helpers import (
+    event,
+    output_ids,
+    produce,
+    read_committed,
+    run_until_consumed,
+    unique,
+    worker_config,
+)
+
+pytestmark = pytest.mark.integration
+
+DAY_MS = 24 * 3_600_000
+
+
+def job(kafka: KafkaBroker, source: str, target: str, **overrides: Any) -> backfill.BackfillJob:
+    settings: dict[str, Any] = {
+        "kafka": KafkaSource(kafka.bootstrap),
+        "input_topic": source,
+        "input_files": None,
+        "offsets": None,
+        "id_spec": IdSpec("jsonField", "messageId"),
+        "window_ms": DAY_MS,
+        "output_topic": f"{target}-out",
+        "dead_letter_topic": f"{target}-dlq",
+        "output_dir": None,
+        "origin_topic": source,
+        "run_id": uuid.uuid4().hex[:8],
+    }
+    settings.update(overrides)
+    return backfill.BackfillJob(**settings)
+
+
+def records(bootstrap: str, topic: str, partition: int) -> list[tuple[Any, ...]]:
+    return [
+        (m.key(), m.value(), m.headers(), m.timestamp()[1])
+        for m in read_committed(bootstrap, topic, partition)
+    ]
+
+
+def dead_letters(bootstrap: str, topic: str, partitions: int) -> list[tuple[Any, ...]]:
+    found = []
+    for p in range(partitions):
+        for m in read_committed(bootstrap, topic, p):
+            h = dict(m.headers() or [])
+            found.append(
+                (int(h["dedup.origin.partition"]), int(h[DLQ_OFFSET]), h[DLQ_REASON], m.value())
+            )
+    return sorted(found)
+
+
+def test_backfill_output_equals_the_workers(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    name = unique("bf")
+    kafka.create_topic(f"{name}-in", 2)
+    for target in ("worker", "backfill"):
+        kafka.create_topic(f"{name}-{target}-out", 2)
+        kafka.create_topic(f"{name}-{target}-dlq", 2)
+    for p in range(2):
+        ids = [f"p{p}-{i % 400}" for i in range(500)]  # 100 repeats
+        values = [event(mid, n) for n, mid in enumerate(ids)]
+        values[10:10] = [b"not json", b'{"messageId": 4.5}', b"[]"]
+        produce(kafka.bootstrap, f"{name}-in", values, partition=p)
+
+    for p in range(2):
+        cfg = worker_config(
+            kafka.bootstrap,
+            tmp_path,
+            name,
+            partition=p,
+            input_topic=f"{name}-in",
+            output_topic=f"{name}-worker-out",
+            dead_letter_topic=f"{name}-worker-dlq",
+            store_path=tmp_path / f"store-{p}",
+        )
+        run_until_consumed(DedupWorker(cfg), 503)
+
+    counts = backfill.run(spark, job(kafka, f"{name}-in", f"{name}-backfill"))
+    assert counts == {p: {"published": 400, "deadLetters": 3, "lastOffset": 502} for p in range(2)}
+    for p in range(2):
+        ours = records(kafka.bootstrap, f"{name}-backfill-out", p)
+        theirs = records(kafka.bootstrap, f"{name}-worker-out", p)
+        assert len(ours) == 400 and ours == theirs
+    assert dead_letters(kafka.bootstrap, f"{name}-backfill-dlq", 2) == dead_letters(
+        kafka.bootstrap, f"{name}-worker-dlq", 2
+    )
+
+    # And to files: the same records, in Parquet.
+    files = backfill.run(
+        spark,
+        job(kafka, f"{name}-in", "unused", output_topic=None, output_dir=str(tmp_path / "out")),
+    )
+    assert files == {p: {"published": 400, "deadLetters": 3} for p in range(2)}
+    rows = pq.read_table(tmp_path / "out" / "published").to_pylist()
+    first = [r["id"] for r in rows if r["partition"] == 0]
+    assert first == output_ids(kafka.bootstrap, f"{name}-worker-out", 0)
+
+
+def test_a_store_warmed_by_backfill_starts_the_worker_warm(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = unique("warm")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 1)
+    history = [f"old-{i}" for i in range(300)]
+    produce(kafka.bootstrap, f"{name}-in", [event(mid) for mid in history])
+
+    # History replayed into the pipeline's output topic, the pipeline's input position
+    # set after it, and a warm store from the output.
+    cfg = worker_config(kafka.bootstrap, tmp_path, name, store_path=tmp_path / "warm-store")
+    counts = backfill.run(spark, job(kafka, cfg.input_topic, name))
+    assert counts[0]["published"] == 300
+    backfill.commit_input_offsets(
+        KafkaSource(kafka.bootstrap), cfg.input_topic, cfg.group, {0: counts[0]["lastOffset"] + 1}
+    )
+    held = backfill.warm_store(
+        spark,
+        KafkaSource(kafka.bootstrap),
+        cfg.output_topic,
+        0,
+        cfg.store_path,
+        StoreOwner(cfg.namespace, cfg.pipeline, 0),
+        cfg.window,
+    )
+    assert held == 300
+    assert cfg.group == default_consumer_group(name)
+
+    # Live input: 100 new ids, and 50 repeats of history the window must drop.
+    live = [f"new-{i}" for i in range(100)] + history[:50]
+    produce(kafka.bootstrap, cfg.input_topic, [event(mid) for mid in live])
+    with caplog.at_level(logging.INFO, logger="dedup_worker.loop"):
+        run_until_consumed(DedupWorker(cfg), len(live))
+    ready = [r for r in caplog.records if r.getMessage() == "worker ready"]
+    assert ready and ready[0].recovered_ids == 0
+    assert ready[0].store_keys == 300
+    assert output_ids(kafka.bootstrap, cfg.output_topic) == history + live[:100]
+
+
+def test_warm_store_refuses_a_used_directory(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "CURRENT").write_text("x")
+    with pytest.raises(backfill.BackfillError, match="not empty"):
+        backfill.warm_store(
+            spark,
+            KafkaSource(kafka.bootstrap),
+            "any",
+            0,
+            tmp_path / "used",
+            StoreOwner("default", "p", 0),
+            WindowPolicy(duration_ms=DAY_MS),
+        )
+
+
+def test_the_command_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("dedup-backfill")
+    result = subprocess.run(
+        [str(exe), "--log-format", "text", "run", "--input-topic", "a", "--output-topic", "b"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "backfill could not run: --input-topic needs --bootstrap-servers" in result.stderr
+    assert "Traceback" not in result.stderr
