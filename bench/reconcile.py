@@ -39,8 +39,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_spark import audit, reconcile
 from dedup_spark.source import KafkaSource, read_topic, with_ids
+from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
-from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 
 REPEAT_SHARE = 0.10
 INVALID_SHARE = 0.001

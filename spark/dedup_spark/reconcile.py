@@ -37,10 +37,10 @@ from dedup_spark.source import (
     with_header,
     with_ids,
 )
+from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.config import default_consumer_group
 from dedup_worker.ids import ID_SOURCES, IdSpec
 from dedup_worker.logs import configure
-from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.window import parse_duration_ms
 
 if TYPE_CHECKING:
