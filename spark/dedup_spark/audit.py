@@ -30,11 +30,15 @@ inside Spark and `bench/reconcile.py` runs it in a plain Python reader.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 DUPLICATE: Final = "duplicate"
 MISSING: Final = "missing"
@@ -91,13 +95,21 @@ class AuditRange:
         if self.from_ms is not None and self.to_ms is not None and self.from_ms >= self.to_ms:
             raise ValueError("the range's start must come before its end")
 
-    def has_input(self, partition: int, offset: int, timestamp_ms: int) -> bool:
+    def input_mask(
+        self, partition: int, offsets: npt.NDArray[np.int64], timestamps_ms: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """Which of a partition's input records (given as columns) are in range."""
+        mask = np.ones(len(offsets), dtype=bool)
         if self.offsets is not None:
             bounds = self.offsets.get(partition)
-            return bounds is not None and bounds[0] <= offset < bounds[1]
-        return (self.from_ms is None or timestamp_ms >= self.from_ms) and (
-            self.to_ms is None or timestamp_ms < self.to_ms
-        )
+            if bounds is None:
+                return ~mask
+            return (offsets >= bounds[0]) & (offsets < bounds[1])
+        if self.from_ms is not None:
+            mask &= timestamps_ms >= self.from_ms
+        if self.to_ms is not None:
+            mask &= timestamps_ms < self.to_ms
+        return mask
 
 
 @dataclass
@@ -186,136 +198,276 @@ def audit_partition(
     slack_ms: int = 0,
     committed_offset: int | None = None,
 ) -> PartitionAudit:
-    """Audit one partition (module docstring). `inputs` and `outputs` in offset order."""
+    """Audit one partition (module docstring), from records in offset order."""
+    return audit_columns(
+        partition,
+        PartitionColumns.of_records(inputs, outputs, dead_letters),
+        audit_range=audit_range,
+        window_ms=window_ms,
+        slack_ms=slack_ms,
+        committed_offset=committed_offset,
+    )
+
+
+@dataclass(frozen=True)
+class PartitionColumns:
+    """One partition's records as columns, inputs and outputs in offset order: offsets
+    and timestamps as int64 arrays, ids and reasons as Arrow string arrays (null: none).
+    A dead letter without an origin offset has -1."""
+
+    input_offset: npt.NDArray[np.int64]
+    input_timestamp_ms: npt.NDArray[np.int64]
+    input_id: pa.Array
+    input_reason: pa.Array
+    output_offset: npt.NDArray[np.int64]
+    output_timestamp_ms: npt.NDArray[np.int64]
+    output_id: pa.Array
+    dead_origin_offset: npt.NDArray[np.int64]
+    dead_timestamp_ms: npt.NDArray[np.int64]
+    dead_reason: pa.Array
+
+    @classmethod
+    def of_records(
+        cls,
+        inputs: Sequence[InputRecord],
+        outputs: Sequence[OutputRecord],
+        dead_letters: Sequence[DeadLetter],
+    ) -> PartitionColumns:
+        return cls(
+            _ints([r.offset for r in inputs]),
+            _ints([r.timestamp_ms for r in inputs]),
+            pa.array([r.id for r in inputs], pa.string()),
+            pa.array([r.reason for r in inputs], pa.string()),
+            _ints([r.offset for r in outputs]),
+            _ints([r.timestamp_ms for r in outputs]),
+            pa.array([r.id for r in outputs], pa.string()),
+            _ints([-1 if d.origin_offset is None else d.origin_offset for d in dead_letters]),
+            _ints([d.timestamp_ms for d in dead_letters]),
+            pa.array([d.reason for d in dead_letters], pa.string()),
+        )
+
+    @classmethod
+    def of_tables(cls, inputs: pa.Table, outputs: pa.Table, dead: pa.Table) -> PartitionColumns:
+        """From Arrow tables with the `InputRecord`, `OutputRecord` and `DeadLetter` field
+        names as columns (in offset order)."""
+        return cls(
+            _column_ints(inputs, "offset"),
+            _column_ints(inputs, "timestamp_ms"),
+            inputs.column("id").combine_chunks(),
+            inputs.column("reason").combine_chunks(),
+            _column_ints(outputs, "offset"),
+            _column_ints(outputs, "timestamp_ms"),
+            outputs.column("id").combine_chunks(),
+            _column_ints(dead, "origin_offset"),
+            _column_ints(dead, "timestamp_ms"),
+            dead.column("reason").combine_chunks(),
+        )
+
+
+def _ints(values: Sequence[int]) -> npt.NDArray[np.int64]:
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _column_ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    column = table.column(name).combine_chunks().cast(pa.int64()).fill_null(-1)
+    return _ints(column.to_numpy())
+
+
+def audit_columns(
+    partition: int,
+    records: PartitionColumns,
+    *,
+    audit_range: AuditRange,
+    window_ms: int,
+    slack_ms: int = 0,
+    committed_offset: int | None = None,
+) -> PartitionAudit:
+    """Audit one partition (module docstring), vectorised over its columns: ids become
+    integer codes once, and every rule is an array operation (records/s in
+    bench/README.md). Findings come in output order, then in input order."""
     if window_ms <= 0:
         raise ValueError(f"the window must be positive, not {window_ms} ms")
+    r = records
     audit = PartitionAudit(partition)
+    in_code, out_code, n_codes = _id_codes(r.input_id, r.output_id)
+    n_codes = max(n_codes, 1)  # per-id arrays are indexed with code -1 clipped to 0
+    in_valid, out_valid = in_code >= 0, out_code >= 0
 
-    # Where each id occurs in the input: (timestamp, offset) -> offset of first occurrence.
-    first_input: dict[tuple[str, int], int] = {}
-    input_ids: set[str] = set()
-    checked: list[InputRecord] = []
-    for rec in inputs:
-        if rec.id is not None:
-            input_ids.add(rec.id)
-            first_input.setdefault((rec.id, rec.timestamp_ms), rec.offset)
-        if not audit_range.has_input(partition, rec.offset, rec.timestamp_ms):
-            continue
-        if committed_offset is not None and rec.offset >= committed_offset:
-            audit.pending += 1
-            continue
-        checked.append(rec)
+    # Which input is checked: in range, and (when known) committed by the worker.
+    in_range = audit_range.input_mask(partition, r.input_offset, r.input_timestamp_ms)
+    pending = np.zeros(len(in_range), dtype=bool)
+    if committed_offset is not None:
+        pending = in_range & (r.input_offset >= committed_offset)
+    audit.pending = int(pending.sum())
+    checked = in_range & ~pending
+    checked_offsets = r.input_offset[checked]
 
     # The time span of the range, for output records without an input occurrence.
+    lo: int | None
+    hi: int | None
     if audit_range.offsets is None:
-        span = (audit_range.from_ms, audit_range.to_ms)
-    elif checked:
-        span = (min(r.timestamp_ms for r in checked), max(r.timestamp_ms for r in checked) + 1)
+        lo, hi = audit_range.from_ms, audit_range.to_ms
+    elif checked.any():
+        lo = int(r.input_timestamp_ms[checked].min())
+        hi = int(r.input_timestamp_ms[checked].max()) + 1
     else:
-        span = (0, 0)
-    checked_offsets = {r.offset for r in checked}
+        lo, hi = 0, 0
 
-    # Output: duplicates, unexpected, order.
-    published_at: dict[str, list[int]] = {}
-    last_published: dict[str, int] = {}
-    newest_source = -1
-    for out in outputs:
-        source = None if out.id is None else first_input.get((out.id, out.timestamp_ms))
-        in_range = (
-            source in checked_offsets
-            if source is not None
-            else (span[0] is None or out.timestamp_ms >= span[0])
-            and (span[1] is None or out.timestamp_ms < span[1])
-        )
-        previous = None if out.id is None else last_published.get(out.id)
-        if out.id is not None:
-            last_published[out.id] = out.timestamp_ms
-            published_at.setdefault(out.id, []).append(out.timestamp_ms)
-        if not in_range:
-            if source is not None:
-                newest_source = max(newest_source, source)
-            continue
-        audit.published += 1
-        if out.id is None or out.id not in input_ids:
-            audit.findings.append(
-                Finding(UNEXPECTED, out.id, out.offset, out.timestamp_ms, "no input occurrence")
-            )
-            continue
-        if previous is not None and abs(out.timestamp_ms - previous) < window_ms:
+    def in_span(times: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        mask = np.ones(len(times), dtype=bool)
+        if lo is not None:
+            mask &= times >= lo
+        if hi is not None:
+            mask &= times < hi
+        return mask
+
+    # Output: the input occurrence each record published (same id and timestamp, first
+    # such input offset), duplicates, unexpected, order.
+    source = _first_occurrence(
+        in_code, r.input_timestamp_ms, r.input_offset, out_code, r.output_timestamp_ms
+    )
+    has_source = source >= 0
+    out_in_range = np.where(
+        has_source, np.isin(source, checked_offsets), in_span(r.output_timestamp_ms)
+    )
+    audit.published = int(out_in_range.sum())
+    in_input = np.zeros(n_codes, dtype=bool)
+    in_input[in_code[in_valid]] = True
+    unexpected = out_in_range & ~(out_valid & in_input[np.maximum(out_code, 0)])
+    previous = _previous_publication(out_code, r.output_timestamp_ms)
+    duplicate = (
+        out_in_range
+        & ~unexpected
+        & (previous != _NONE)
+        & (np.abs(r.output_timestamp_ms - np.where(previous != _NONE, previous, 0)) < window_ms)
+    )
+    ordered = has_source & ~(out_in_range & (unexpected | duplicate))
+    newest = np.maximum.accumulate(np.where(ordered, source, -1)) if len(source) else source
+    newest_before = np.concatenate([[-1], newest[:-1]]) if len(newest) else newest
+    violation = out_in_range & ~unexpected & ~duplicate & has_source & (source < newest_before)
+    for i in np.flatnonzero(unexpected | duplicate | violation):
+        out_id = r.output_id[i].as_py()
+        offset, ts = int(r.output_offset[i]), int(r.output_timestamp_ms[i])
+        if unexpected[i]:
+            audit.findings.append(Finding(UNEXPECTED, out_id, offset, ts, "no input occurrence"))
+        elif duplicate[i]:
             audit.findings.append(
                 Finding(
                     DUPLICATE,
-                    out.id,
-                    out.offset,
-                    out.timestamp_ms,
-                    f"published {out.timestamp_ms - previous} ms after the last time",
+                    out_id,
+                    offset,
+                    ts,
+                    f"published {ts - int(previous[i])} ms after the last time",
                 )
             )
-            continue  # a repeat is not also an order violation
-        if source is not None:
-            if source < newest_source:
-                audit.findings.append(
-                    Finding(
-                        ORDER_VIOLATION,
-                        out.id,
-                        out.offset,
-                        out.timestamp_ms,
-                        f"input offset {source} published after input offset {newest_source}",
-                    )
+        else:
+            audit.findings.append(
+                Finding(
+                    ORDER_VIOLATION,
+                    out_id,
+                    offset,
+                    ts,
+                    f"input offset {int(source[i])} published after input offset "
+                    f"{int(newest_before[i])}",
                 )
-            newest_source = max(newest_source, source)
+            )
 
-    for times in published_at.values():
-        times.sort()
-
-    # Input: missing ids and missing dead letters.
-    dead_offsets = {d.origin_offset for d in dead_letters}
-    distinct: set[str] = set()
-    missing: set[str] = set()
-    for rec in checked:
-        audit.input += 1
-        if rec.id is None:
-            if rec.offset not in dead_offsets:
-                audit.findings.append(
-                    Finding(
-                        MISSING_DEAD_LETTER,
-                        None,
-                        rec.offset,
-                        rec.timestamp_ms,
-                        f"invalid ({rec.reason}) but no dead letter",
-                    )
-                )
-            continue
-        audit.valid += 1
-        distinct.add(rec.id)
-        if rec.id in missing:
-            continue
-        times = published_at.get(rec.id, [])
-        earliest = rec.timestamp_ms - window_ms - slack_ms
-        if bisect.bisect_left(times, earliest) == len(times):
-            missing.add(rec.id)
+    # Input: missing ids (the first occurrence of each id that no publication covers:
+    # none at or after its timestamp minus the window and slack) and missing dead letters.
+    last_published = np.full(n_codes, _NONE, dtype=np.int64)
+    np.maximum.at(last_published, out_code[out_valid], r.output_timestamp_ms[out_valid])
+    checked_valid = checked & in_valid
+    audit.input = int(checked.sum())
+    audit.valid = int(checked_valid.sum())
+    audit.distinct = len(np.unique(in_code[checked_valid]))
+    covered_since = last_published[np.maximum(in_code, 0)]
+    uncovered = checked_valid & (covered_since < r.input_timestamp_ms - window_ms - slack_ms)
+    first_uncovered = np.flatnonzero(uncovered)
+    first_uncovered = first_uncovered[np.unique(in_code[first_uncovered], return_index=True)[1]]
+    no_dead_letter = checked & ~in_valid & ~np.isin(r.input_offset, r.dead_origin_offset)
+    for i in np.sort(np.concatenate([first_uncovered, np.flatnonzero(no_dead_letter)])):
+        offset, ts = int(r.input_offset[i]), int(r.input_timestamp_ms[i])
+        if in_valid[i]:
+            ever = last_published[in_code[i]] != _NONE
             audit.findings.append(
                 Finding(
                     MISSING,
-                    rec.id,
-                    rec.offset,
-                    rec.timestamp_ms,
-                    "not published" if not times else "not published within the window",
+                    r.input_id[i].as_py(),
+                    offset,
+                    ts,
+                    "not published within the window" if ever else "not published",
                 )
             )
-    audit.distinct = len(distinct)
-
-    lo, hi = span
-    for dead in dead_letters:
-        if dead.origin_offset is not None and dead.origin_offset in checked_offsets:
-            counted = True
-        elif audit_range.offsets is None:
-            counted = (lo is None or dead.timestamp_ms >= lo) and (
-                hi is None or dead.timestamp_ms < hi
-            )
         else:
-            counted = False
-        if counted:
-            audit.dead_lettered += 1
-            audit.dead_lettered_by_reason[dead.reason or "unknown"] += 1
+            audit.findings.append(
+                Finding(
+                    MISSING_DEAD_LETTER,
+                    None,
+                    offset,
+                    ts,
+                    f"invalid ({r.input_reason[i].as_py()}) but no dead letter",
+                )
+            )
+
+    # Dead letters: those of checked input (or, for a time range, dated in it).
+    of_checked = (r.dead_origin_offset >= 0) & np.isin(r.dead_origin_offset, checked_offsets)
+    counted = of_checked | (in_span(r.dead_timestamp_ms) & (audit_range.offsets is None))
+    audit.dead_lettered = int(counted.sum())
+    for reason in r.dead_reason.filter(pa.array(counted)).to_pylist():
+        audit.dead_lettered_by_reason[reason or "unknown"] += 1
     return audit
+
+
+_NONE: Final = np.iinfo(np.int64).min
+"""No publication (an int64 no timestamp reaches)."""
+
+
+def _id_codes(
+    input_ids: pa.Array, output_ids: pa.Array
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    """Each id as an integer code shared by inputs and outputs (-1: no id), and how
+    many distinct ids there are."""
+    encoded = pc.dictionary_encode(pa.chunked_array([input_ids, output_ids], pa.string()))
+    codes = pa.chunked_array([c.indices for c in encoded.chunks], pa.int32())
+    flat = _ints(codes.combine_chunks().fill_null(-1).to_numpy())
+    n_codes = len(encoded.chunks[0].dictionary) if encoded.num_chunks else 0
+    return flat[: len(input_ids)], flat[len(input_ids) :], n_codes
+
+
+def _first_occurrence(
+    in_code: npt.NDArray[np.int64],
+    in_ts: npt.NDArray[np.int64],
+    in_offset: npt.NDArray[np.int64],
+    out_code: npt.NDArray[np.int64],
+    out_ts: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Per output record, the first input offset with its id and timestamp (-1: none)."""
+    # One sortable key per (id, timestamp): the id's code times the number of distinct
+    # timestamps plus the timestamp's rank.
+    times, rank = np.unique(np.concatenate([in_ts, out_ts]), return_inverse=True)
+    in_key = in_code * len(times) + rank[: len(in_ts)]
+    out_key = out_code * len(times) + rank[len(in_ts) :]
+    valid = in_code >= 0
+    key, offset = in_key[valid], in_offset[valid]
+    order = np.lexsort((offset, key))
+    key, offset = key[order], offset[order]
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    key, offset = key[first], offset[first]
+    if not len(key):
+        return np.full(len(out_code), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(key, out_key), len(key) - 1)
+    return np.where((out_code >= 0) & (key[at] == out_key), offset[at], -1)
+
+
+def _previous_publication(
+    out_code: npt.NDArray[np.int64], out_ts: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Per output record, the timestamp of the same id's previous output record."""
+    previous = np.full(len(out_code), _NONE, dtype=np.int64)
+    order = np.lexsort((np.arange(len(out_code)), out_code))
+    code, ts = out_code[order], out_ts[order]
+    repeat = np.zeros(len(code), dtype=bool)
+    repeat[1:] = (code[1:] == code[:-1]) & (code[1:] >= 0)
+    previous[order[repeat]] = ts[np.flatnonzero(repeat) - 1]
+    return previous

@@ -162,25 +162,19 @@ class _PartitionAudit:
         table = table.sort_by([("kind", "ascending"), ("offset", "ascending")])
         partition = int(table.column("partition")[0].as_py())
 
-        def of_kind(kind: int, names: tuple[str, ...]) -> zip[tuple[Any, ...]]:
-            part = table.filter(pc.equal(table.column("kind"), kind))
-            return zip(*(part.column(name).to_pylist() for name in names), strict=True)
+        def of_kind(kind: int) -> pa.Table:
+            return table.filter(pc.equal(table.column("kind"), kind))
 
-        inputs = list(
-            map(audit.InputRecord._make, of_kind(INPUT, ("offset", "timestamp_ms", "id", "reason")))
-        )
-        outputs = list(
-            map(audit.OutputRecord._make, of_kind(OUTPUT, ("offset", "timestamp_ms", "id")))
-        )
-        dead = list(
-            map(audit.DeadLetter._make, of_kind(DEAD, ("offset", "timestamp_ms", "reason")))
-        )
         committed = self.committed.get(partition, 0) if self.consumer_group is not None else None
-        result = audit.audit_partition(
+        result = audit.audit_columns(
             partition,
-            inputs,
-            outputs,
-            dead,
+            audit.PartitionColumns.of_tables(
+                of_kind(INPUT),
+                of_kind(OUTPUT),
+                of_kind(DEAD).rename_columns(
+                    ["origin_offset" if n == "offset" else n for n in table.column_names]
+                ),
+            ),
             audit_range=self.audit_range,
             window_ms=self.window_ms,
             slack_ms=self.slack_ms,

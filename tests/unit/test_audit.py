@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
 
 from dedup_spark.audit import (
@@ -13,6 +16,7 @@ from dedup_spark.audit import (
     audit_partition,
     passed,
 )
+from support.audit_oracle import reference_audit
 
 W = 1_000  # window, ms
 ALL = AuditRange()
@@ -136,3 +140,68 @@ def test_a_range_is_times_or_offsets() -> None:
         AuditRange(from_ms=0, offsets={0: (0, 1)})
     with pytest.raises(ValueError, match="before its end"):
         AuditRange(5, 5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_vectorised_audit_agrees_with_the_loop_over_records(seed: int) -> None:
+    """Random partitions with every kind of defect, ranges and committed offsets: the
+    same counts and findings as the rules written as a loop (support/audit_oracle.py)."""
+    rng = random.Random(seed)
+    ids = [f"id-{n}" for n in range(rng.randint(1, 30))]
+    inputs = [
+        InputRecord(o, rng.randrange(0, 5 * W, 50), None if rng.random() < 0.1 else rng.choice(ids))
+        for o in range(rng.randint(0, 120))
+    ]
+    inputs = [r if r.id else r._replace(reason="id_null") for r in inputs]
+    outputs = [
+        OutputRecord(
+            o,
+            rec.timestamp_ms if rng.random() < 0.9 else rng.randrange(0, 5 * W),
+            None if rng.random() < 0.03 else rec.id if rng.random() < 0.95 else "stray",
+        )
+        for o, rec in enumerate(
+            rng.sample([r for r in inputs if r.id], k=min(60, len(inputs) // 2))
+        )
+        if rng.random() < 0.9
+    ]
+    dead = [
+        DeadLetter(None if rng.random() < 0.1 else r.offset, r.timestamp_ms, r.reason)
+        for r in inputs
+        if r.id is None and rng.random() < 0.7
+    ]
+    ranges = [
+        ALL,
+        AuditRange(from_ms=W, to_ms=3 * W),
+        AuditRange(offsets={seed % 3: (10, 80)}),
+        AuditRange(offsets={}),
+    ]
+    for audit_range in ranges:
+        for committed in (None, 0, 70):
+            kwargs: dict[str, Any] = {
+                "audit_range": audit_range,
+                "window_ms": W,
+                "slack_ms": W // 4,
+                "committed_offset": committed,
+            }
+            want = reference_audit(seed % 3, inputs, outputs, dead, **kwargs)
+            got = audit_partition(seed % 3, inputs, outputs, dead, **kwargs)
+            assert got.totals() == want.totals()
+            assert got.dead_lettered_by_reason == want.dead_lettered_by_reason
+            assert got.findings == want.findings
+
+
+def test_a_partition_without_a_single_valid_id() -> None:
+    inputs = [InputRecord(0, 0, None, "not_json"), InputRecord(1, 5, None, "id_null")]
+    result = audit_partition(
+        0,
+        inputs,
+        [OutputRecord(0, 0, None)],
+        [DeadLetter(0, 0, "not_json")],
+        audit_range=ALL,
+        window_ms=W,
+    )
+    assert [(f.kind, f.offset) for f in result.findings] == [
+        ("unexpected", 0),
+        ("missing_dead_letter", 1),
+    ]
+    assert (result.input, result.valid, result.distinct, result.dead_lettered) == (2, 0, 0, 1)
