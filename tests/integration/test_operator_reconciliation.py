@@ -5,6 +5,8 @@
 - the job's result ConfigMap, written by dedup-reconcile's own publishing code (passed,
   then failed), lands in status.lastReconciliation with Events, metrics and condition
   ReconciliationHealthy (False with the numbers);
+- finished runs beyond the CronJob's history limit are deleted (by kube-controller-manager's
+  CronJob controller, from the limits the operator rendered);
 - removing spec.reconciliation deletes the CronJob and its RBAC;
 - with (test stand-ins of) the Spark operator's CRDs installed, a pipeline gets a
   ScheduledSparkApplication instead, and its newest run's state reaches the status.
@@ -191,6 +193,58 @@ def test_cron_job_result_in_status_and_removal(
             30,
             "the CronJob's new schedule",
         )
+
+        # -- finished runs beyond the history limit: the CronJob controller deletes the
+        # oldest (runs of a trivial pod, owned by the CronJob as the runs it starts are)
+        uid = cron_job().metadata.uid
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "name": job,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        runs = desired_audit.HISTORY_LIMIT + 2
+        for n in range(runs):
+            batch.create_namespaced_job(
+                ns,
+                {
+                    "metadata": {"name": f"{job}-run-{n}", "ownerReferences": [owner]},
+                    "spec": {
+                        "backoffLimit": 0,
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "containers": [
+                                    {"name": "run", "image": "busybox:1.36", "command": ["true"]}
+                                ],
+                            }
+                        },
+                    },
+                },
+            )
+
+        def history() -> list[str] | None:
+            kept = [
+                j
+                for j in batch.list_namespaced_job(ns).items
+                if any(o.uid == uid for o in j.metadata.owner_references or [])
+            ]
+            complete = [
+                j
+                for j in kept
+                if any(
+                    c.type == "Complete" and c.status == "True" for c in j.status.conditions or []
+                )
+            ]
+            # all runs finished (only finished ones are deleted) and the oldest deleted
+            if len(kept) == len(complete) == desired_audit.HISTORY_LIMIT:
+                return sorted(j.metadata.name for j in kept)
+            return None
+
+        kept = wait_for(history, 120, f"{runs} runs cut to the history limit", every=2)
+        assert f"{job}-run-0" not in kept, kept
 
         # -- a passing audit, written as the job writes it
         t1 = datetime.now(UTC).replace(microsecond=0)
