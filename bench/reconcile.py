@@ -15,8 +15,9 @@ whole audit; computing = audit - reading.
 Baseline: one Python process reading the same topics with confluent-kafka (read
 committed), extracting ids with the same `dedup_worker.ids`, and running the same
 `dedup_spark.audit.audit_partition` per partition. Both must report the same counts.
-Prints records/s (input records audited per second of wall time) and the ratio.
-Target: >= 200,000 records/s on `local[2]`.
+Prints input records audited per second of wall time, records read per second (input,
+output and dead letters: every record the audit reads and checks), and the ratio.
+Target: >= 200,000 input records/s on `local[2]`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 REPEAT_SHARE = 0.10
 INVALID_SHARE = 0.001
 WINDOW_MS = 24 * 3_600_000
+TARGET = 200_000  # input records/s on local[2]
 SPEC = IdSpec("jsonField", "messageId")
 
 
@@ -370,28 +372,31 @@ def _session(master: str, work: Path) -> Any:
 def _print(rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]) -> None:
     print()
     print(
-        "| records | runner | reading s | computing s | total s | records/s | vs plain Python | target |"
+        "| input records | runner | reading s | computing s | total s | input records/s "
+        "| records read/s | vs plain Python | target (input records/s) |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for total, master, ours, base in rows:
+        t = ours["totals"]
+        read = t["input"] + t["published"] + t["deadLettered"]
         rate = total / ours["total_s"]
-        target = "met" if rate >= 200_000 else "MISSED"
+        target = "met" if rate >= TARGET else "MISSED"
         line = (
             f"| {total:,} | spark {master} | {ours['reading_s']:.1f} | "
             f"{max(0.0, ours['total_s'] - ours['reading_s']):.1f} | {ours['total_s']:.1f} | "
-            f"{rate:,.0f} |"
+            f"{rate:,.0f} | {read / ours['total_s']:,.0f} |"
         )
         if base:
             base_rate = total / base["total_s"]
-            line += f" {rate / base_rate:.2f}x | >= 200,000: {target} |"
+            line += f" {rate / base_rate:.2f}x | >= {TARGET:,}: {target} |"
             print(line)
             print(
                 f"| {total:,} | plain Python | {base['reading_s']:.1f} | "
                 f"{base['total_s'] - base['reading_s']:.1f} | {base['total_s']:.1f} | "
-                f"{base_rate:,.0f} | 1.00x | |"
+                f"{base_rate:,.0f} | {read / base['total_s']:,.0f} | 1.00x | |"
             )
         else:
-            print(line + f" | >= 200,000: {target} |")
+            print(line + f" | >= {TARGET:,}: {target} |")
     totals = rows[-1][2]["totals"] if rows else {}
     print(f"\nlast audit's totals: {json.dumps(totals, sort_keys=True)}")
 
