@@ -144,6 +144,10 @@ def kafka_jars(env: Mapping[str, str]) -> list[Path]:
         raise SessionError(str(exc)) from None
 
 
+WORKER_CONF: Final = {"spark.python.daemon.module": "dedup_spark.worker_daemon"}
+"""Python workers started by `dedup_spark.worker_daemon` (its docstring says why)."""
+
+
 def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
     """Start (or join) this process's SparkSession as `settings` say."""
     # PySpark takes its Python workers' interpreter from here (also on executors).
@@ -151,7 +155,7 @@ def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
     if not settings.on_kubernetes:
         from dedup_local.spark import local_spark_session
 
-        conf = {"spark.driver.memory": settings.driver_memory, **settings.conf}
+        conf = {"spark.driver.memory": settings.driver_memory, **WORKER_CONF, **settings.conf}
         try:
             return local_spark_session(app_name, settings.master, conf=conf)
         except Exception as exc:  # MissingArtifact, or the JVM refusing
@@ -172,6 +176,7 @@ def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
             "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+            **WORKER_CONF,
         }
     )
     conf.update(settings.conf)

@@ -9,6 +9,7 @@ import pytest
 
 from dedup_spark.entrypoint import EXECUTOR_BACKEND, EntrypointError, executor_command, java_options
 from dedup_spark.session import SessionError, SparkSettings, kubernetes_conf
+from dedup_spark.worker_daemon import short_path
 
 POD_ENV = {
     "KUBERNETES_SERVICE_HOST": "10.96.0.1",
@@ -95,3 +96,14 @@ def test_an_incomplete_executor_environment_is_named() -> None:
     env = {k: v for k, v in EXECUTOR_ENV.items() if k != "SPARK_DRIVER_URL"}
     with pytest.raises(EntrypointError, match="SPARK_DRIVER_URL"):
         executor_command(env, Path("/x"), "java")
+
+
+def test_python_workers_drop_the_zips_and_jars_only_when_pyspark_is_installed(
+    tmp_path: Path,
+) -> None:
+    installed = tmp_path / "site-packages"
+    (installed / "pyspark").mkdir(parents=True)
+    (installed / "pyspark" / "daemon.py").touch()
+    spark_path = ["/spark/python/lib/pyspark.zip", "/spark/jars/spark-core_2.13-4.0.0.jar"]
+    assert short_path([*spark_path, str(installed)]) == [str(installed)]
+    assert short_path([*spark_path, str(tmp_path)]) == [*spark_path, str(tmp_path)]
