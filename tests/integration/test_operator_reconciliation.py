@@ -35,7 +35,14 @@ from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
-from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.operator_helpers import (
+    condition,
+    events,
+    get_pipeline,
+    running_operator,
+    wait_for,
+    wait_for_event,
+)
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, produce, read_committed
 
@@ -265,14 +272,7 @@ def test_cron_job_result_in_status_and_removal(
         assert lr["reportRef"]["configMap"] == "audited-reconciliation"
         healthy = condition(found, "ReconciliationHealthy")
         assert healthy is not None and healthy["status"] == "True"
-        wait_for(
-            lambda: any(
-                r == "ReconciliationPassed" and t == "Normal"
-                for t, r, _ in events(api, ns, "audited")
-            ),
-            15,
-            "the ReconciliationPassed Event",
-        )
+        wait_for_event(api, ns, "audited", "Normal", "ReconciliationPassed")
         cm = core.read_namespaced_config_map("audited-reconciliation", ns)
         assert [r.name for r in cm.metadata.owner_references or []] == ["audited"]
 
@@ -296,15 +296,7 @@ def test_cron_job_result_in_status_and_removal(
         assert healthy["reason"] == "AuditFailed"
         for text in ("2 duplicates", "3 missing", "1 order violations", "500"):
             assert text in healthy["message"]
-        failed = wait_for(
-            lambda: [
-                m
-                for t, r, m in events(api, ns, "audited")
-                if (t, r) == ("Warning", "ReconciliationFailed")
-            ],
-            15,
-            "the ReconciliationFailed Event",
-        )
+        failed = wait_for_event(api, ns, "audited", "Warning", "ReconciliationFailed")
         assert "2 duplicates" in failed[0]
         cm = core.read_namespaced_config_map("audited-reconciliation", ns)
         assert [r.name for r in cm.metadata.owner_references or []] == ["audited"]
@@ -324,15 +316,7 @@ def test_cron_job_result_in_status_and_removal(
         core.patch_namespaced_config_map(
             "audited-reconciliation", ns, {"data": {names.RECONCILIATION_SUMMARY_KEY: "{"}}
         )
-        unreadable = wait_for(
-            lambda: [
-                m
-                for t, r, m in events(api, ns, "audited")
-                if (t, r) == ("Warning", "ReconciliationUnreadable")
-            ],
-            15,
-            "the ReconciliationUnreadable Event",
-        )
+        unreadable = wait_for_event(api, ns, "audited", "Warning", "ReconciliationUnreadable")
         assert "not JSON" in unreadable[0]
         lr = (get_pipeline(api, ns, "audited") or {})["status"]["lastReconciliation"]
         assert lr["runId"] == "run-2"
@@ -533,10 +517,4 @@ def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
         healthy = condition(found, "ReconciliationHealthy")
         assert healthy is not None and healthy["status"] == "False"
         assert "1 duplicate" in healthy["message"], healthy
-        wait_for(
-            lambda: any(
-                r == "ReconciliationFailed" and t == "Warning" for t, r, _ in events(api, ns, name)
-            ),
-            15,
-            "the ReconciliationFailed Event",
-        )
+        wait_for_event(api, ns, name, "Warning", "ReconciliationFailed")

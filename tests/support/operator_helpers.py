@@ -146,3 +146,15 @@ def events(api: ApiClient, namespace: str, name: str) -> list[tuple[str, str, st
         namespace, field_selector=f"involvedObject.name={name}"
     )
     return [(e.type or "", e.reason or "", e.message or "") for e in found.items]
+
+
+def wait_for_event(
+    api: ApiClient, namespace: str, name: str, kind: str, reason: str, timeout: float = 15
+) -> list[str]:
+    """The messages of the `kind` (Normal/Warning) `reason` Events about pipeline `name`,
+    once there is one."""
+    return wait_for(
+        lambda: [m for t, r, m in events(api, namespace, name) if (t, r) == (kind, reason)],
+        timeout,
+        f"the {kind} {reason} Event",
+    )

@@ -7,6 +7,7 @@ fixture fails with the setup command to run (`make setup-spark`); it never skips
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -31,3 +32,6 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+        # py4j says goodbye at INFO from its connections' __del__ at interpreter exit,
+        # when pytest has closed the streams the log handlers write to.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
