@@ -99,17 +99,22 @@ class AuditRange:
         self, partition: int, offsets: npt.NDArray[np.int64], timestamps_ms: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.bool_]:
         """Which of a partition's input records (given as columns) are in range."""
-        mask = np.ones(len(offsets), dtype=bool)
         if self.offsets is not None:
             bounds = self.offsets.get(partition)
             if bounds is None:
-                return ~mask
-            return (offsets >= bounds[0]) & (offsets < bounds[1])
-        if self.from_ms is not None:
-            mask &= timestamps_ms >= self.from_ms
-        if self.to_ms is not None:
-            mask &= timestamps_ms < self.to_ms
-        return mask
+                return np.zeros(len(offsets), dtype=bool)
+            return _within(offsets, *bounds)
+        return _within(timestamps_ms, self.from_ms, self.to_ms)
+
+
+def _within(values: npt.NDArray[np.int64], lo: int | None, hi: int | None) -> npt.NDArray[np.bool_]:
+    """Which `values` lie in `[lo, hi)` (None: unbounded on that side)."""
+    mask = np.ones(len(values), dtype=bool)
+    if lo is not None:
+        mask &= values >= lo
+    if hi is not None:
+        mask &= values < hi
+    return mask
 
 
 @dataclass
@@ -313,14 +318,6 @@ def audit_columns(
     else:
         lo, hi = 0, 0
 
-    def in_span(times: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        mask = np.ones(len(times), dtype=bool)
-        if lo is not None:
-            mask &= times >= lo
-        if hi is not None:
-            mask &= times < hi
-        return mask
-
     # Output: the input occurrence each record published (same id and timestamp, first
     # such input offset), duplicates, unexpected, order.
     source = _first_occurrence(
@@ -328,7 +325,7 @@ def audit_columns(
     )
     has_source = source >= 0
     out_in_range = np.where(
-        has_source, np.isin(source, checked_offsets), in_span(r.output_timestamp_ms)
+        has_source, np.isin(source, checked_offsets), _within(r.output_timestamp_ms, lo, hi)
     )
     audit.published = int(out_in_range.sum())
     in_input = np.zeros(n_codes, dtype=bool)
@@ -411,7 +408,7 @@ def audit_columns(
 
     # Dead letters: those of checked input (or, for a time range, dated in it).
     of_checked = (r.dead_origin_offset >= 0) & np.isin(r.dead_origin_offset, checked_offsets)
-    counted = of_checked | (in_span(r.dead_timestamp_ms) & (audit_range.offsets is None))
+    counted = of_checked | (_within(r.dead_timestamp_ms, lo, hi) & (audit_range.offsets is None))
     audit.dead_lettered = int(counted.sum())
     for reason in r.dead_reason.filter(pa.array(counted)).to_pylist():
         audit.dead_lettered_by_reason[reason or "unknown"] += 1
