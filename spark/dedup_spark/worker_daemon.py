@@ -4,8 +4,11 @@ Spark puts `pyspark.zip`, the py4j zip and the spark-core jar on its Python work
 PYTHONPATH (for installs where PySpark lives only there). Here PySpark is installed as
 a package, so those entries only cost: every task of a reused worker calls
 `importlib.invalidate_caches()`, after which each import lookup re-reads the zips' and
-the 15 MB jar's directories. Measured ~105 -> ~56 ms of overhead per Python task on
-`local[2]`, most of a small audit's time (bench/README.md). Set as
+the 15 MB jar's directories. So the entries go from `sys.path` and their importers from
+`sys.path_importer_cache` (Python made those at start-up, and `invalidate_caches` walks
+that cache, not the path). Measured ~105 -> ~56 ms of overhead per Python task on
+`local[2]` for the path alone, and a further ~15% of the Python workers' time in a 1M
+record audit for the cache (bench/README.md). Set as
 `spark.python.daemon.module` by `dedup_spark.session`; when PySpark is not importable
 without those entries, the path is left as it is.
 """
@@ -25,7 +28,10 @@ def short_path(path: list[str]) -> list[str]:
 
 
 def main() -> None:
-    sys.path[:] = short_path(sys.path)
+    kept = short_path(sys.path)
+    for entry in set(sys.path) - set(kept):
+        sys.path_importer_cache.pop(entry, None)
+    sys.path[:] = kept
     from pyspark import daemon
 
     daemon.manager()  # type: ignore[no-untyped-call]

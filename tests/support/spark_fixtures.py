@@ -1,7 +1,7 @@
 """pytest fixtures for the real Spark part (see local/dedup_local/spark.py).
 
-`spark`: one local SparkSession per test session (local[2], Kafka source on spark.jars),
-started on first use and stopped at the end. When the Kafka source jars are missing the
+`spark`: one local SparkSession per test session (local[2], the jobs' own settings, Kafka
+source on spark.jars), started on first use and stopped at the end. When the Kafka source jars are missing the
 fixture fails with the setup command to run (`make setup-spark`); it never skips.
 """
 
@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from dedup_local.paths import MissingArtifact
-
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -22,11 +20,11 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     # Imported here so test sessions without Spark tests do not pay for pyspark.
-    from dedup_local.spark import local_spark_session
+    from dedup_spark.session import SessionError, SparkSettings, spark_session
 
-    try:
-        session = local_spark_session("dedup-tests")
-    except MissingArtifact as exc:
+    try:  # the jobs' own session settings (dedup_spark.session.JOB_CONF)
+        session = spark_session("dedup-tests", SparkSettings("local[2]"))
+    except SessionError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         yield session
