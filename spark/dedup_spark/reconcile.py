@@ -2,9 +2,9 @@
 
 Reads the input, output and dead-letter topics with Spark's Kafka source (read
 committed), applies the worker's id rules (`source.with_ids`), and audits each
-partition with the pure rules of `audit.py` inside Spark (one group per partition).
-Writes the findings (Parquet, one row per finding), the per-partition counts (Parquet)
-and `summary.json` to `--report-dir`, and the summary into the ConfigMap
+partition with the pure rules of `audit.py` inside Spark (one group, and one task, per
+partition). Writes the findings (Parquet, one row per finding) and `summary.json` (the
+totals and the counts per partition) to `--report-dir`, and the summary into the ConfigMap
 `<pipeline>-reconciliation` (`--configmap`), which the operator reads into the
 pipeline's status.
 
@@ -24,11 +24,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from dedup_operator import names
 from dedup_spark import audit
+from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
     SourceError,
@@ -96,7 +96,16 @@ class AuditJob:
 # --- the audit in Spark ----------------------------------------------------------------
 
 
-def audit_frame(spark: SparkSession, job: AuditJob, committed: Mapping[int, int]) -> DataFrame:
+@dataclass(frozen=True)
+class InputState:
+    """What the audit learns of the input topic before it starts: its partition count
+    and the pipeline's committed offset per partition (empty without a consumer group)."""
+
+    partitions: int
+    committed: dict[int, int] = field(default_factory=dict)
+
+
+def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
     """One row per finding plus one `counts` row per partition (RESULT_SCHEMA)."""
     from pyspark.sql import functions as F
 
@@ -134,13 +143,25 @@ def audit_frame(spark: SparkSession, job: AuditJob, committed: Mapping[int, int]
         union = union.unionByName(frame)
 
     settings = _PartitionAudit(
-        job.audit_range, job.window_ms, job.slack_ms, dict(committed), job.consumer_group
+        job.audit_range, job.window_ms, job.slack_ms, state.committed, job.consumer_group
     )
 
     def audit_group(table: pa.Table) -> pa.Table:  # Spark counts a callable object's `self`
         return settings(table)
 
-    return union.groupBy("partition").applyInArrow(audit_group, RESULT_SCHEMA)
+    # Each partition in a task of its own (placement.py); records naming a partition the
+    # input does not have get a null slot and are still audited, grouped by partition.
+    slots = max(1, state.partitions)
+    slot = F.when(
+        F.col("partition").between(0, slots - 1),
+        F.element_at(F.array(*(F.lit(key) for key in slot_keys(slots))), F.col("partition") + 1),
+    )
+    return (
+        union.withColumn("slot", slot)
+        .repartition(slots, "slot")
+        .groupBy("slot", "partition")
+        .applyInArrow(audit_group, RESULT_SCHEMA)
+    )
 
 
 @dataclass(frozen=True)
@@ -261,38 +282,32 @@ def summarize(
     }
 
 
-def run(
-    spark: SparkSession, job: AuditJob, committed: Mapping[int, int] | None = None
-) -> dict[str, Any]:
-    """Audit, write the report, and return the summary. `committed`: from
-    `committed_offsets(job)`, read here if not given."""
+def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
+    """Audit, write the report, and return the summary. `state`: from
+    `input_state(job)`, read here if not given."""
     started = datetime.now(UTC)
-    if committed is None:
-        committed = committed_offsets(job)
-    result = audit_frame(spark, job, committed).cache()
+    if state is None:
+        state = input_state(job)
+    result = audit_frame(spark, job, state).cache()
     try:
         counts_rows = result.where(f"kind = '{COUNTS_KIND}'").collect()
-        report = job.report_dir.rstrip("/")
         result.where(f"kind != '{COUNTS_KIND}'").coalesce(1).write.mode("overwrite").parquet(
-            f"{report}/findings"
+            f"{job.report_dir.rstrip('/')}/findings"
         )
-        partition_counts = {int(r["partition"]): json.loads(r["detail"]) for r in counts_rows}
-        spark.createDataFrame(
-            [(p, json.dumps(c, sort_keys=True)) for p, c in sorted(partition_counts.items())],
-            "partition INT, counts STRING",
-        ).coalesce(1).write.mode("overwrite").parquet(f"{report}/partitions")
     finally:
         result.unpersist()
+    partition_counts = {int(r["partition"]): json.loads(r["detail"]) for r in counts_rows}
     summary = summarize(job, partition_counts, started, datetime.now(UTC))
-    _write_summary(job.report_dir, summary)
+    write_summary(spark, job.report_dir, summary)
     if job.configmap:
         publish_summary(job, summary)
     return summary
 
 
-def committed_offsets(job: AuditJob) -> dict[int, int]:
-    """Check that the topics exist, and read the pipeline's committed input offsets per
-    partition (0 where none is committed; empty without a consumer group)."""
+def input_state(job: AuditJob) -> InputState:
+    """Check that the topics exist; the input's partition count, and the pipeline's
+    committed input offsets per partition (0 where none is committed; none without a
+    consumer group)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(
@@ -312,26 +327,29 @@ def committed_offsets(job: AuditJob) -> dict[int, int]:
             raise JobError(
                 f"topic(s) {', '.join(absent)} not found at {job.kafka.bootstrap_servers}"
             )
-        if job.consumer_group is None:
-            return {}
         partitions = sorted(meta.topics[job.input_topic].partitions)
+        if job.consumer_group is None:
+            return InputState(len(partitions))
         wanted = [TopicPartition(job.input_topic, p) for p in partitions]
         got = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
         raise JobError(f"Kafka at {job.kafka.bootstrap_servers}: {exc.args[0]}") from None
     finally:
         consumer.close()
-    return {tp.partition: max(0, tp.offset) for tp in got}
+    return InputState(len(partitions), {tp.partition: max(0, tp.offset) for tp in got})
 
 
-def _write_summary(report_dir: str, summary: Mapping[str, Any]) -> None:
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    if "://" in report_dir and not report_dir.startswith("file://"):
-        log.info("summary not written locally for a remote report location %s", report_dir)
-        return
-    path = Path(report_dir.removeprefix("file://")) / "summary.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+def write_summary(spark: SparkSession, report_dir: str, summary: Mapping[str, Any]) -> None:
+    """`summary.json` beside the findings, through Spark's Hadoop file system API, so a
+    remote report location (s3a://, hdfs://, ...) gets it as a local directory does."""
+    context: Any = spark.sparkContext
+    path = context._jvm.org.apache.hadoop.fs.Path(f"{report_dir.rstrip('/')}/summary.json")
+    fs = path.getFileSystem(context._jsc.hadoopConfiguration())
+    out = fs.create(path, True)
+    try:
+        out.write(bytearray((json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()))
+    finally:
+        out.close()
 
 
 def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
@@ -555,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("bad arguments: %s", exc, extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR
     try:
-        committed = committed_offsets(job)  # fails fast, before Spark starts
+        state = input_state(job)  # fails fast, before Spark starts
     except JobError as exc:
         log.error("audit could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR
@@ -565,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start Spark: %s", _first_line(exc), extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR
     try:
-        summary = run(spark, job, committed)
+        summary = run(spark, job, state)
     except JobError as exc:
         log.error("audit could not run: %s", exc, extra={"exit_code": EXIT_ERROR})
         return EXIT_ERROR

@@ -1,5 +1,7 @@
 """A real local SparkSession reads a topic with Spark's Kafka source (batch), read
-committed, and sees exactly what was committed: count, keys, values and headers."""
+committed, and sees exactly what was committed: count, keys, values and headers. And
+the session settings the jobs rely on hold in it (placement keys, the V2 reader, lean
+Python workers)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from dedup_local.kafka import KafkaBroker
+from dedup_spark.placement import slot_keys, spark_hash_int
+from dedup_spark.source import KafkaSource, read_topic
 from support.kafka_fixtures import NewTopic
 
 pytestmark = pytest.mark.integration
@@ -68,3 +72,37 @@ def test_spark_reads_exactly_the_committed_records(
         df.selectExpr("CAST(key AS STRING) AS k").groupBy("k").count().where("count > 1").count()
     )
     assert dupes == 0
+
+
+def test_placement_keys_land_in_their_tasks(spark: SparkSession) -> None:
+    values = [*range(-50, 500), 2**31 - 1, -(2**31)]
+    rows = spark.createDataFrame([(v,) for v in values], "k INT").selectExpr("k", "hash(k) AS h")
+    assert {r["k"]: r["h"] for r in rows.collect()} == {v: spark_hash_int(v) for v in values}
+    for slots in (1, 3, 8, 37):
+        keys = slot_keys(slots)
+        placed = (
+            spark.createDataFrame([(k,) for k in keys], "k INT")
+            .repartition(slots, "k")
+            .rdd.glom()
+            .map(lambda rows: [r["k"] for r in rows])
+            .collect()
+        )
+        assert placed == [[k] for k in keys]
+
+
+def test_jobs_read_kafka_through_the_v2_reader_with_lean_python_workers(
+    spark: SparkSession, kafka: KafkaBroker, new_topic: NewTopic
+) -> None:
+    topic = new_topic(partitions=1)
+    plan = read_topic(spark, KafkaSource(kafka.bootstrap), topic)._jdf.queryExecution()
+    assert "BatchScan" in plan.executedPlan().toString()
+
+    def importers(_: object) -> object:
+        import sys
+        import zipimport
+
+        cache = sys.path_importer_cache.items()
+        yield [p for p, f in cache if isinstance(f, zipimport.zipimporter)]
+
+    # Spark's zips and jar are neither on the workers' path nor among their importers.
+    assert spark.sparkContext.parallelize([0], 1).mapPartitions(importers).collect() == [[]]
