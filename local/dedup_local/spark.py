@@ -44,7 +44,8 @@ def local_spark_session(
 
     Small shuffle partitions, no UI, loopback only (sets SPARK_LOCAL_IP if unset), a
     temporary warehouse and scratch directory (removed at exit unless `work_dir` is given), and Python workers running
-    this interpreter (so UDFs can import the project). `conf` adds or overrides settings.
+    this interpreter (so UDFs can import the project). `conf` adds or overrides settings
+    (`spark.driver.extraJavaOptions` is added to the scratch directory's option).
     """
     jars = spark_kafka_jars()
     active = SparkSession.getActiveSession()
@@ -76,7 +77,10 @@ def local_spark_session(
         # Scratch space (spark.local.dir defaults to java.io.tmpdir in local mode).
         "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={work_dir / 'tmp'}",
     }
-    settings.update(conf or {})
+    extra = dict(conf or {})
+    java_options = extra.pop("spark.driver.extraJavaOptions", "")  # added to, not replacing
+    settings["spark.driver.extraJavaOptions"] += f" {java_options}".rstrip()
+    settings.update(extra)
     (work_dir / "tmp").mkdir(exist_ok=True)
     # Loopback only, and no "hostname resolves to a loopback address" warning.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
