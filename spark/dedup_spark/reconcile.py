@@ -1,7 +1,7 @@
 """`dedup-reconcile`: the independent, end-to-end audit of a pipeline's exactly-once claim.
 
 Reads the input, output and dead-letter topics with Spark's Kafka source (read
-committed), applies the worker's id rules (`source.with_ids`), and audits each
+committed), applies the worker's id rules (`source.packed_ids`), and audits each
 partition with the pure rules of `audit.py` inside Spark (one group, and one task, per
 partition). Writes the findings (Parquet, one row per finding) and `summary.json` (the
 totals and the counts per partition) to `--report-dir`, and the summary into the ConfigMap
@@ -32,10 +32,13 @@ from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
     SourceError,
+    ids_schema,
+    packed,
+    packed_ids,
     parse_settings,
     read_topic,
+    unpack,
     with_header,
-    with_ids,
 )
 from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.config import default_consumer_group
@@ -111,13 +114,15 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
 
     since = job.read_since_ms
     offsets = job.audit_range.offsets
-    inputs = with_ids(
+    # Each topic's records packed per partition and Arrow batch (source.packed_ids), so
+    # Spark moves a few hundred binary rows to the audit tasks, not a row per record.
+    inputs = packed_ids(
         read_topic(spark, job.kafka, job.input_topic, since_ms=since, offsets=offsets),
         job.id_spec,
-    ).select(F.lit(INPUT).alias("kind"), "partition", "offset", "timestamp_ms", "id", "reason")
-    outputs = with_ids(
+    ).withColumn("kind", F.lit(INPUT))
+    outputs = packed_ids(
         read_topic(spark, job.kafka, job.output_topic, since_ms=since), job.id_spec
-    ).select(F.lit(OUTPUT).alias("kind"), "partition", "offset", "timestamp_ms", "id", "reason")
+    ).withColumn("kind", F.lit(OUTPUT))
     frames = [inputs, outputs]
     if job.dead_letter_topic:
         dead = read_topic(spark, job.kafka, job.dead_letter_topic, since_ms=since)
@@ -128,16 +133,19 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
             (DLQ_REASON, "reason"),
         ):
             dead = with_header(dead, name, column)
-        frames.append(
-            dead.where(F.col("origin_topic") == F.lit(job.input_topic)).select(
-                F.lit(DEAD).alias("kind"),
-                F.col("origin_partition").cast("int").alias("partition"),
-                F.col("origin_offset").cast("long").alias("offset"),
-                "timestamp_ms",
-                F.lit(None).cast("string").alias("id"),
-                "reason",
-            )
+        # Dead letters naming no partition and offset of this input are not its.
+        origin = dead.select(
+            "origin_topic",
+            F.col("origin_partition").try_cast("int").alias("partition"),
+            F.col("origin_offset").try_cast("long").alias("origin_offset"),
+            "timestamp_ms",
+            "reason",
+        ).where(
+            (F.col("origin_topic") == F.lit(job.input_topic))
+            & F.col("partition").isNotNull()
+            & F.col("origin_offset").isNotNull()
         )
+        frames.append(packed(origin.drop("origin_topic")).withColumn("kind", F.lit(DEAD)))
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
@@ -175,26 +183,26 @@ class _PartitionAudit:
     consumer_group: str | None
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        """`table`: one partition's packed rows (source.PACKED_SCHEMA) with their `kind`."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         if table.num_rows == 0:
             return pa.Table.from_pylist([], schema=_result_schema())
-        table = table.sort_by([("kind", "ascending"), ("offset", "ascending")])
         partition = int(table.column("partition")[0].as_py())
+        kinds = table.column("kind")
 
-        def of_kind(kind: int) -> pa.Table:
-            return table.filter(pc.equal(table.column("kind"), kind))
+        def of_kind(kind: int, schema: pa.Schema, offset: str) -> pa.Table:
+            rows = table.filter(pc.equal(kinds, kind)).column("rows")
+            return unpack(rows, schema).sort_by(offset)
 
         committed = self.committed.get(partition, 0) if self.consumer_group is not None else None
         result = audit.audit_columns(
             partition,
             audit.PartitionColumns.of_tables(
-                of_kind(INPUT),
-                of_kind(OUTPUT),
-                of_kind(DEAD).rename_columns(
-                    ["origin_offset" if n == "offset" else n for n in table.column_names]
-                ),
+                of_kind(INPUT, ids_schema(), "offset"),
+                of_kind(OUTPUT, ids_schema(), "offset"),
+                of_kind(DEAD, _dead_schema(), "origin_offset"),
             ),
             audit_range=self.audit_range,
             window_ms=self.window_ms,
@@ -228,6 +236,20 @@ class _PartitionAudit:
             }
         )
         return pa.Table.from_pylist(rows, schema=_result_schema())
+
+
+def _dead_schema() -> pa.Schema:
+    """The packed rows of the dead-letter topic."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("partition", pa.int32()),
+            ("origin_offset", pa.int64()),
+            ("timestamp_ms", pa.int64()),
+            ("reason", pa.string()),
+        ]
+    )
 
 
 def _result_schema() -> pa.Schema:

@@ -1,0 +1,50 @@
+"""Packed rows (dedup_spark.source.pack_batch / unpack): what goes in comes out, per
+partition, in order."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from dedup_spark.source import ids_schema, pack_batch, unpack
+
+
+def batch(partitions: list[int | None]) -> pa.RecordBatch:
+    n = len(partitions)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(partitions, pa.int32()),
+            pa.array(range(n), pa.int64()),
+            pa.array([1000 + i for i in range(n)], pa.int64()),
+            pa.array([f"id-{i}" if i % 3 else None for i in range(n)], pa.string()),
+            pa.array([None if i % 3 else "not_json" for i in range(n)], pa.string()),
+        ],
+        schema=ids_schema(),
+    )
+
+
+def test_one_partition_packs_into_one_row_and_back() -> None:
+    b = batch([4] * 10)
+    packed = list(pack_batch(b))
+    assert [p.column(0).to_pylist() for p in packed] == [[4]]
+    assert unpack(packed[0].column(1), ids_schema()).to_batches()[0].equals(b)
+
+
+def test_mixed_partitions_pack_apart_with_their_own_rows() -> None:
+    partitions = [0, 1, 0, None, 1, 0]
+    b = batch(partitions)
+    packed = {p.column(0)[0].as_py(): p.column(1) for p in pack_batch(b)}
+    assert set(packed) == {0, 1, None}
+    for partition, rows in packed.items():
+        table = unpack(rows, ids_schema())
+        expected = [i for i, p in enumerate(partitions) if p == partition]
+        assert table.column("offset").to_pylist() == expected
+        assert table.column("partition").to_pylist() == [partition] * len(expected)
+
+
+def test_several_packed_rows_unpack_into_one_table_and_none_into_an_empty_one() -> None:
+    rows = [p.column(1) for b in (batch([2] * 3), batch([2] * 2)) for p in pack_batch(b)]
+    table = unpack(pa.chunked_array(rows), ids_schema())
+    assert table.column("offset").to_pylist() == [0, 1, 2, 0, 1]
+    empty = unpack(pa.array([], pa.binary()), ids_schema())
+    assert empty.num_rows == 0 and empty.schema == ids_schema()
+    assert list(pack_batch(batch([]))) == []
