@@ -398,29 +398,36 @@ def _print(rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]) -
         "| records read/s | vs plain Python | target (input records/s) |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    baselines: dict[int, str] = {}
     for total, master, ours, base in rows:
         t = ours["totals"]
         read = t["input"] + t["published"] + t["deadLettered"]
         rate = total / ours["total_s"]
-        target = "met" if rate >= TARGET else "MISSED"
-        line = (
+        # The target is for local[2]; the executor pods' rows are for comparison.
+        target = f">= {TARGET:,}: {'met' if rate >= TARGET else 'MISSED'}"
+        target = target if master.startswith("local") else ""
+        ratio = f"{rate * base['total_s'] / total:.2f}x" if base else ""
+        print(
             f"| {total:,} | spark {master} | {ours['reading_s']:.1f} | "
             f"{max(0.0, ours['total_s'] - ours['reading_s']):.1f} | {ours['total_s']:.1f} | "
-            f"{rate:,.0f} | {read / ours['total_s']:,.0f} |"
+            f"{rate:,.0f} | {read / ours['total_s']:,.0f} | {ratio} | {target} |"
         )
         if base:
-            base_rate = total / base["total_s"]
-            line += f" {rate / base_rate:.2f}x | >= {TARGET:,}: {target} |"
-            print(line)
-            print(
+            baselines[total] = (
                 f"| {total:,} | plain Python | {base['reading_s']:.1f} | "
                 f"{base['total_s'] - base['reading_s']:.1f} | {base['total_s']:.1f} | "
-                f"{base_rate:,.0f} | {read / base['total_s']:,.0f} | 1.00x | |"
+                f"{total / base['total_s']:,.0f} | {read / base['total_s']:,.0f} | 1.00x | |"
             )
-        else:
-            print(line + f" | >= {TARGET:,}: {target} |")
+        if total in baselines and _last_of(rows, total) is ours:
+            print(baselines[total])
     totals = rows[-1][2]["totals"] if rows else {}
     print(f"\nlast audit's totals: {json.dumps(totals, sort_keys=True)}")
+
+
+def _last_of(
+    rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]], total: int
+) -> dict[str, Any]:
+    return [ours for size, _, ours, _ in rows if size == total][-1]
 
 
 if __name__ == "__main__":
