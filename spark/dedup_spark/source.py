@@ -5,7 +5,8 @@ committed (aborted transactions and markers are skipped), headers included, and 
 short `kafkaConsumer.pollTimeoutMs` (Spark's default of 120 s is what a batch of only
 transaction markers can wait). `with_ids` adds the id and the dead-letter reason of each
 record by calling `dedup_worker.ids.extract_id` in a `mapInArrow` UDF: the worker's own
-rules, imported, never re-implemented in SQL.
+rules, imported, never re-implemented in SQL. `packed_ids` does the same and packs the
+rows per partition and Arrow batch, for jobs that take a partition's rows together.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def packed_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
     """`with_ids`, packed (PACKED_SCHEMA). For a job that needs a partition's records
     together in one Python function: Spark then moves a few hundred binary rows instead
     of a row per record through the shuffle, its sort and the conversions between
-    Arrow and its own rows (~8% of a 1M record audit's CPU, bench/README.md)."""
+    Arrow and its own rows (~7% of a 1M record audit's CPU, bench/README.md)."""
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
