@@ -398,36 +398,33 @@ def _print(rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]) -
         "| records read/s | vs plain Python | target (input records/s) |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
-    baselines: dict[int, str] = {}
-    for total, master, ours, base in rows:
-        t = ours["totals"]
-        read = t["input"] + t["published"] + t["deadLettered"]
-        rate = total / ours["total_s"]
-        # The target is for local[2]; the executor pods' rows are for comparison.
-        target = f">= {TARGET:,}: {'met' if rate >= TARGET else 'MISSED'}"
-        target = target if master.startswith("local") else ""
-        ratio = f"{rate * base['total_s'] / total:.2f}x" if base else ""
-        print(
-            f"| {total:,} | spark {master} | {ours['reading_s']:.1f} | "
-            f"{max(0.0, ours['total_s'] - ours['reading_s']):.1f} | {ours['total_s']:.1f} | "
-            f"{rate:,.0f} | {read / ours['total_s']:,.0f} | {ratio} | {target} |"
-        )
-        if base:
-            baselines[total] = (
-                f"| {total:,} | plain Python | {base['reading_s']:.1f} | "
-                f"{base['total_s'] - base['reading_s']:.1f} | {base['total_s']:.1f} | "
-                f"{total / base['total_s']:,.0f} | {read / base['total_s']:,.0f} | 1.00x | |"
+    for size in dict.fromkeys(total for total, *_ in rows):
+        base = None
+        for total, master, ours, baseline in rows:
+            if total != size:
+                continue
+            base = baseline
+            t = ours["totals"]
+            read = t["input"] + t["published"] + t["deadLettered"]
+            rate = total / ours["total_s"]
+            # The target is for local[2]; the executor pods' rows are for comparison.
+            target = f">= {TARGET:,}: {'met' if rate >= TARGET else 'MISSED'}"
+            target = target if master.startswith("local") else ""
+            ratio = f"{rate * base['total_s'] / total:.2f}x" if base else ""
+            print(
+                f"| {total:,} | spark {master} | {ours['reading_s']:.1f} | "
+                f"{max(0.0, ours['total_s'] - ours['reading_s']):.1f} | "
+                f"{ours['total_s']:.1f} | {rate:,.0f} | {read / ours['total_s']:,.0f} | "
+                f"{ratio} | {target} |"
             )
-        if total in baselines and _last_of(rows, total) is ours:
-            print(baselines[total])
+        if base:  # one plain Python row per size, after its Spark rows
+            print(
+                f"| {size:,} | plain Python | {base['reading_s']:.1f} | "
+                f"{base['total_s'] - base['reading_s']:.1f} | {base['total_s']:.1f} | "
+                f"{size / base['total_s']:,.0f} | {read / base['total_s']:,.0f} | 1.00x | |"
+            )
     totals = rows[-1][2]["totals"] if rows else {}
     print(f"\nlast audit's totals: {json.dumps(totals, sort_keys=True)}")
-
-
-def _last_of(
-    rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]], total: int
-) -> dict[str, Any]:
-    return [ours for size, _, ours, _ in rows if size == total][-1]
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """pytest fixtures for the real Spark part (see local/dedup_local/spark.py).
 
 `spark`: one local SparkSession per test session (local[2], the jobs' own settings, Kafka
-source on spark.jars), started on first use and stopped at the end. When the Kafka source jars are missing the
-fixture fails with the setup command to run (`make setup-spark`); it never skips.
+source on spark.jars), started on first use and stopped at the end. When the Kafka
+source jars are missing the fixture fails with the setup command to run
+(`make setup-spark`); it never skips.
 """
 
 from __future__ import annotations
