@@ -12,16 +12,35 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
 
 1. **fenced**   - the old worker's Lease has run out by its own renewTime + duration, so
                   the old worker (renew deadline < duration) has stopped committing;
-2. **released** - the old pod is gone. After node loss: the lost node gets the
-                  `node.kubernetes.io/out-of-service` taint (Kubernetes' non-graceful
-                  node shutdown) and the operator force-deletes the pod, as pod GC would
-                  on its next pass; the attach/detach controller detaches at once), or with
-                  `WaitForDetach` the operator force-deletes its own pod and waits for
-                  the controller's own force-detach (6 minutes). Otherwise the old pod
-                  is deleted gracefully;
+2. **released** - the old pod is gone. How (recorded as the handover's `release`):
+                  - `Graceful`: the old node is Ready again (it healed after its worker
+                    fenced): the old pod is deleted gracefully, the node unmounts and the
+                    volume detaches the normal way. A Ready node is never tainted;
+                  - `OutOfServiceTaint` (policy of that name): the lost node gets the
+                    `node.kubernetes.io/out-of-service` taint (Kubernetes' non-graceful
+                    node shutdown) and the operator force-deletes the pod, as pod GC would
+                    on its next pass; the attach/detach controller detaches at once. Only
+                    when every pod on the node that the taint would evict (DaemonSet and
+                    mirror pods, pods tolerating it and finished pods aside) is a dedup
+                    worker whose Lease has run out: the taint force-detaches every volume
+                    on the node, and only our Lease proves a writer has stopped. While
+                    such workers (other partitions, other pipelines) still hold their
+                    Leases the operator waits for them;
+                  - `TaintBlocked`: the policy is OutOfServiceTaint but another workload
+                    runs on the node (or its pods could not be listed): no taint; the
+                    operator force-deletes only its own pod and waits for the attach/detach
+                    controller's own force-detach (6 minutes), naming the blocking pods;
+                  - `WaitForDetach` (policy): the same without looking for a taint;
+                  - `External` (policy): the operator never taints; it waits for someone
+                    else's out-of-service taint (a node remediation controller, a person),
+                    then force-deletes its pod. Degraded after `detach_timeout`.
+                  A node the operator taints is marked with the pipelines relying on the
+                  taint; it lifts only its own mark, and the taint with the last one;
 3. **detached** - no VolumeAttachment of the partition's volume is left anywhere; the
                   replacement is never created before that (ReadWriteOnce);
-4. **started**  - the replacement pod (next epoch, away from the lost node) is created;
+4. **started**  - the replacement pod (next epoch, away from the lost node) is created; one
+                  the scheduler cannot place for `schedule_timeout` makes the pipeline
+                  Degraded with the scheduler's reason (the operator keeps waiting);
 5. **ready**    - the replacement is Running and Ready: the handover completes.
 
 On a healthy node (a failed pod, a spec change) steps 1 and 2 swap: the old pod is
@@ -46,6 +65,17 @@ class ReleaseVolume(StrEnum):
 
     OUT_OF_SERVICE_TAINT = "OutOfServiceTaint"
     WAIT_FOR_DETACH = "WaitForDetach"
+    EXTERNAL = "External"
+
+
+class Release(StrEnum):
+    """How a handover's old pod was (or is being) released: see the module docstring."""
+
+    GRACEFUL = "Graceful"
+    OUT_OF_SERVICE_TAINT = "OutOfServiceTaint"
+    TAINT_BLOCKED = "TaintBlocked"
+    WAIT_FOR_DETACH = "WaitForDetach"
+    EXTERNAL = "External"
 
 
 class HandoverReason(StrEnum):
@@ -62,15 +92,70 @@ class FailoverPolicy:
     # A volume not detached this long after the old pod is gone makes the pipeline
     # Degraded (the operator keeps waiting: it never attaches a volume twice).
     detach_timeout: timedelta = timedelta(minutes=10)
+    # A replacement the scheduler cannot place this long makes the pipeline Degraded.
+    schedule_timeout: timedelta = timedelta(minutes=2)
 
 
 # ----------------------------------------------------------------------- observation
+@dataclass(frozen=True)
+class LeaseView:
+    holder: str | None
+    epoch: int  # spec.leaseTransitions
+    renew_time: datetime | None
+    duration: timedelta
+
+    def expires_at(self) -> datetime | None:
+        """When others may take it: renewTime + leaseDurationSeconds; None if never held."""
+        if not self.holder or self.renew_time is None:
+            return None
+        return self.renew_time + self.duration
+
+    def expired(self, now: datetime) -> bool:
+        expiry = self.expires_at()
+        return expiry is None or now >= expiry
+
+
+@dataclass(frozen=True)
+class NodePod:
+    """A pod bound to a node, as far as the out-of-service taint on that node concerns it."""
+
+    namespace: str
+    name: str
+    daemon_set: bool = False  # owned by a DaemonSet (its controller recreates it anyway)
+    mirror: bool = False  # a static pod's mirror (the kubelet owns it)
+    tolerates_out_of_service: bool = False  # for ever (no tolerationSeconds)
+    finished: bool = False  # phase Succeeded or Failed: nothing of it runs
+    worker: bool = False  # a dedup worker (any pipeline's), with
+    worker_lease: LeaseView | None = None  # its partition's Lease (None: there is none)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def evicted_by_taint(self) -> bool:
+        return not (
+            self.daemon_set or self.mirror or self.tolerates_out_of_service or self.finished
+        )
+
+    def fenced(self, now: datetime) -> bool:
+        """A dedup worker that can no longer commit: its Lease is gone, held by someone
+        else, or run out."""
+        lease = self.worker_lease
+        return self.worker and (lease is None or lease.holder != self.name or lease.expired(now))
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
     ready: str  # the Ready condition's status: "True", "False" or "Unknown"
     ready_since: datetime | None  # its lastTransitionTime
     out_of_service: bool = False
+    # The pipelines ("namespace/name") relying on an out-of-service taint the operator
+    # added (the node's annotation); empty: no taint, or someone else's.
+    tainted_by: tuple[str, ...] = ()
+    # Every pod bound to the node; None where the shell did not (or could not) list them:
+    # it does for the lost node of a handover that may taint it.
+    pods: tuple[NodePod, ...] | None = None
 
     def lost_for(self, now: datetime) -> timedelta:
         """How long the node has not been Ready (zero while it is)."""
@@ -88,24 +173,10 @@ class PodView:
     ready: bool = False
     deleting: bool = False
     spec_hash: str | None = None
-
-
-@dataclass(frozen=True)
-class LeaseView:
-    holder: str | None
-    epoch: int  # spec.leaseTransitions
-    renew_time: datetime | None
-    duration: timedelta
-
-    def expires_at(self) -> datetime | None:
-        """When others may take it: renewTime + leaseDurationSeconds; None if never held."""
-        if not self.holder or self.renew_time is None:
-            return None
-        return self.renew_time + self.duration
-
-    def expired(self, now: datetime) -> bool:
-        expiry = self.expires_at()
-        return expiry is None or now >= expiry
+    # The scheduler's reason while it cannot place the pod (PodScheduled=False,
+    # Unschedulable: its message) and since when (the condition's lastTransitionTime).
+    unschedulable: str | None = None
+    unschedulable_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +200,9 @@ class Handover:
     from_node: str | None = None
     # step name -> seconds after `started` at which the step was first seen complete
     steps: Mapping[str, float] = field(default_factory=dict)
+    # How the old pod is released (decided again on each pass while it exists) and why.
+    release: Release | None = None
+    release_why: str | None = None
 
     def mark(self, step: str, now: datetime) -> Handover:
         if step in self.steps:
@@ -137,8 +211,11 @@ class Handover:
             self, steps={**self.steps, step: round((now - self.started).total_seconds(), 3)}
         )
 
+    def released_by(self, how: Release, why: str) -> Handover:
+        return replace(self, release=how, release_why=why)
+
     def to_status(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "reason": self.reason.value,
             "started": _rfc3339(self.started),
             "fromEpoch": self.from_epoch,
@@ -146,6 +223,10 @@ class Handover:
             "fromNode": self.from_node,
             "steps": dict(self.steps),
         }
+        if self.release is not None:
+            out["release"] = self.release.value
+            out["releaseWhy"] = self.release_why
+        return out
 
     @classmethod
     def from_status(cls, data: Mapping[str, Any]) -> Handover:
@@ -156,6 +237,8 @@ class Handover:
             from_pod=data.get("fromPod"),
             from_node=data.get("fromNode"),
             steps={str(k): float(v) for k, v in (data.get("steps") or {}).items()},
+            release=Release(data["release"]) if data.get("release") else None,
+            release_why=data.get("releaseWhy"),
         )
 
 
@@ -238,8 +321,10 @@ class Decision:
     # or None (no handover in progress, or `CompleteHandover` clears it).
     handover: Handover | None
     # Set when the partition is stuck in a way a person must look at (the pipeline is
-    # then Degraded); the operator keeps acting as `action` says.
+    # then Degraded); the operator keeps acting as `action` says. `degraded_reason` is
+    # the Event's reason: VolumeNotDetached, Unschedulable or NoOutOfServiceTaint.
     degraded: str | None = None
+    degraded_reason: str | None = None
 
 
 # -------------------------------------------------------------------------- decision
@@ -275,6 +360,8 @@ def partition_action(obs: PartitionObservation, policy: FailoverPolicy, now: dat
     if node is not None and node.ready != "True":
         lost_at = (node.ready_since or now) + policy.node_lost_after
         return Decision(Steady(waiting_for=f"node {node.name} to be Ready", until=lost_at), None)
+    if current.node is None and current.unschedulable is not None:
+        return _unschedulable(obs, current, current.unschedulable_since or now, None, policy, now)
     return Decision(Steady(), None)
 
 
@@ -309,6 +396,9 @@ def _continue_handover(
         h = h.mark("started", now)
         if new.phase == "Running" and new.ready and not new.deleting:
             return Decision(CompleteHandover(h.mark("ready", now), new.name), None)
+        if new.node is None and new.unschedulable is not None:
+            created = h.started + timedelta(seconds=h.steps["started"])
+            return _unschedulable(obs, new, created, h, policy, now)
         return Decision(Steady(waiting_for=f"replacement {new.name} to be Ready"), h)
 
     # A node that comes back before its worker was fenced keeps its partition.
@@ -331,13 +421,26 @@ def _continue_handover(
         h = h.mark("fenced", now)
         # 2. released: the old pods are gone.
         if old:
-            return Decision(_release(old, h, obs, policy), h)
+            if back is not None and back.ready == "True":
+                # Healed after its worker fenced: the normal way, never a taint.
+                h = h.released_by(
+                    Release.GRACEFUL,
+                    f"node {back.name} is Ready again: old pod deleted gracefully, "
+                    "the node unmounts the volume",
+                )
+                return Decision(_graceful(old, h), h)
+            return _release_lost(obs, old, h, back, policy, now)
         h = h.mark("released", now)
+        if h.release == Release.GRACEFUL:
+            # the pod may have run again on the healed node: as on a healthy node
+            waiting = _lease_wait(obs, now)
+            if waiting is not None:
+                return Decision(waiting, h)
     else:
         # On a healthy node the old worker is stopped first (SIGTERM: it finishes its
         # batch and gives up its Lease), then its Lease must be free or run out.
         if old:
-            return Decision(_release(old, h, obs, policy), h)
+            return Decision(_graceful(old, h), h)
         h = h.mark("released", now)
         waiting = _lease_wait(obs, now)
         if waiting is not None:
@@ -354,7 +457,12 @@ def _continue_handover(
                 f"partition {obs.partition}: volume still attached ({names}) "
                 f"{waited.total_seconds():.0f}s after its pod was removed"
             )
-        return Decision(Steady(waiting_for=f"volume to detach ({names})"), h, degraded)
+        return Decision(
+            Steady(waiting_for=f"volume to detach ({names})"),
+            h,
+            degraded,
+            "VolumeNotDetached" if degraded else None,
+        )
     h = h.mark("detached", now)
 
     # 4. started: the replacement, away from the lost node.
@@ -370,30 +478,161 @@ def _lease_wait(obs: PartitionObservation, now: datetime) -> Steady | None:
     return Steady(waiting_for=f"Lease held by {lease.holder} to expire", until=lease.expires_at())
 
 
-def _release(
-    old: Sequence[PodView], h: Handover, obs: PartitionObservation, policy: FailoverPolicy
-) -> Action:
+def _graceful(old: Sequence[PodView], h: Handover) -> Action:
+    alive = tuple(p.name for p in old if not p.deleting)
+    if alive:
+        return DeletePods(alive, force=False, why=f"handover ({h.reason.value})")
+    return Steady(waiting_for=f"pods {', '.join(p.name for p in old)} to terminate")
+
+
+FORCE_DETACH = "the attach/detach controller's force-detach (6 min)"
+
+
+def _release_lost(
+    obs: PartitionObservation,
+    old: Sequence[PodView],
+    h: Handover,
+    node: NodeView | None,
+    policy: FailoverPolicy,
+    now: datetime,
+) -> Decision:
+    """Release the volume of fenced worker pods on a node that is still lost."""
     names = tuple(p.name for p in old)
-    if h.reason != HandoverReason.NODE_LOST:
-        alive = tuple(p.name for p in old if not p.deleting)
-        if alive:
-            return DeletePods(alive, force=False, why=f"handover ({h.reason.value})")
-        return Steady(waiting_for=f"pods {', '.join(names)} to terminate")
+    if node is None:  # the Node object is gone: the controller detaches its volumes
+        why = f"node {h.from_node} was deleted"
+        return Decision(
+            DeletePods(names, force=True, why=why), h.released_by(Release.WAIT_FOR_DETACH, why)
+        )
     if policy.release_volume == ReleaseVolume.WAIT_FOR_DETACH:
-        return DeletePods(names, force=True, why="its node is lost (WaitForDetach)")
-    node = obs.nodes.get(h.from_node) if h.from_node else None
-    if node is not None and not node.out_of_service:
-        return TaintOutOfService(node.name)
-    # The node is out of service (or gone) and the worker fenced: force-delete the pod
-    # now, as pod GC would on its next pass (every 20 s); with the taint on the node the
-    # attach/detach controller then detaches at once.
-    return DeletePods(names, force=True, why="its node is out of service")
+        h = h.released_by(Release.WAIT_FOR_DETACH, f"pod force-deleted; waiting for {FORCE_DETACH}")
+        return Decision(DeletePods(names, force=True, why="its node is lost (WaitForDetach)"), h)
+    if node.out_of_service:
+        # The node is out of service (ours or someone else's taint) and the worker fenced:
+        # force-delete the pod now, as pod GC would on its next pass (every 20 s); with
+        # the taint on the node the attach/detach controller then detaches at once.
+        if h.release not in (Release.OUT_OF_SERVICE_TAINT, Release.EXTERNAL):
+            whose = "the operator's" if node.tainted_by else "not the operator's"
+            h = h.released_by(
+                Release.EXTERNAL
+                if policy.release_volume == ReleaseVolume.EXTERNAL
+                else Release.OUT_OF_SERVICE_TAINT,
+                f"node {node.name} is tainted out-of-service ({whose})",
+            )
+        return Decision(DeletePods(names, force=True, why="its node is out of service"), h)
+    if policy.release_volume == ReleaseVolume.EXTERNAL:
+        h = h.released_by(
+            Release.EXTERNAL,
+            f"waiting for an out-of-service taint on node {node.name} (releaseVolume External: "
+            "the operator never taints)",
+        )
+        waited = now - (h.started + timedelta(seconds=h.steps["fenced"]))
+        degraded = None
+        if waited >= policy.detach_timeout:
+            degraded = (
+                f"partition {obs.partition}: node {node.name} lost and not tainted "
+                f"out-of-service {waited.total_seconds():.0f}s after its worker was fenced "
+                "(releaseVolume External)"
+            )
+        waiting = Steady(waiting_for=f"an out-of-service taint on node {node.name} (External)")
+        return Decision(waiting, h, degraded, "NoOutOfServiceTaint" if degraded else None)
+    # OutOfServiceTaint: only a node whose every pod the taint evicts is a fenced worker.
+    blockers = taint_blockers(node, now)
+    if blockers is None or blockers[0]:
+        who = (
+            f"its pods could not be listed ({node.name})"
+            if blockers is None
+            else f"it would evict {', '.join(blockers[0])}"
+        )
+        h = h.released_by(
+            Release.TAINT_BLOCKED,
+            f"not tainting node {node.name} out-of-service: {who}; "
+            f"pod force-deleted, waiting for {FORCE_DETACH}",
+        )
+        why = f"its node is lost; the out-of-service taint on {node.name} is blocked"
+        return Decision(DeletePods(names, force=True, why=why), h)
+    if blockers[1]:
+        until = min(blockers[1].values())
+        waiting = Steady(
+            waiting_for=(
+                f"dedup workers {', '.join(sorted(blockers[1]))} on node {node.name} "
+                "to be fenced before tainting it"
+            ),
+            until=until,
+        )
+        return Decision(waiting, h)
+    h = h.released_by(
+        Release.OUT_OF_SERVICE_TAINT,
+        f"node {node.name} tainted out-of-service: it runs only fenced dedup workers",
+    )
+    return Decision(TaintOutOfService(node.name), h)
 
 
-def remove_out_of_service_taint(node: NodeView, volumes_attached_here: int) -> bool:
-    """A node the operator tainted out-of-service gets the taint removed once it is Ready
-    again and holds none of the pipeline's volumes."""
-    return node.out_of_service and node.ready == "True" and volumes_attached_here == 0
+def taint_blockers(
+    node: NodeView, now: datetime
+) -> tuple[tuple[str, ...], dict[str, datetime]] | None:
+    """What stands between a lost node and the out-of-service taint: the pods it would
+    evict that are not dedup workers ("namespace/name"), and the dedup workers whose
+    Lease has not run out yet (with when it will). None: the node's pods are unknown."""
+    if node.pods is None:
+        return None
+    evicted = [p for p in node.pods if p.evicted_by_taint()]
+    foreign = tuple(sorted(p.ref for p in evicted if not p.worker))
+    holding: dict[str, datetime] = {}
+    for p in evicted:
+        if p.worker and not p.fenced(now):
+            assert p.worker_lease is not None
+            holding[p.ref] = p.worker_lease.expires_at() or now
+    return foreign, holding
+
+
+def _unschedulable(
+    obs: PartitionObservation,
+    pod: PodView,
+    since: datetime,
+    h: Handover | None,
+    policy: FailoverPolicy,
+    now: datetime,
+) -> Decision:
+    """A pod the scheduler cannot place: wait, Degraded after `schedule_timeout`."""
+    waited = now - since
+    degraded = None
+    if waited >= policy.schedule_timeout:
+        degraded = (
+            f"partition {obs.partition}: {pod.name} not scheduled after "
+            f"{waited.total_seconds():.0f}s: {pod.unschedulable}"
+        )
+    waiting = Steady(
+        waiting_for=f"{pod.name} to be scheduled ({pod.unschedulable})",
+        until=None if degraded else since + policy.schedule_timeout,
+    )
+    return Decision(waiting, h, degraded, "Unschedulable" if degraded else None)
+
+
+def remove_out_of_service_taint(node: NodeView, volumes_attached_here: int, pipeline: str) -> bool:
+    """Pipeline "namespace/name" lifts its mark from an out-of-service taint the operator
+    added for it once the node is Ready again and holds none of the pipeline's volumes
+    (the taint goes with the last mark). Never a taint someone else set."""
+    return (
+        node.out_of_service
+        and pipeline in node.tainted_by
+        and node.ready == "True"
+        and volumes_attached_here == 0
+    )
+
+
+def join_out_of_service_taint(node: NodeView | None, pipeline: str, h: Handover | None) -> bool:
+    """A handover off a lost node that another pipeline tainted out-of-service relies on
+    that taint too: the pipeline adds its mark, so the taint stays until it is done."""
+    return (
+        h is not None
+        and h.reason == HandoverReason.NODE_LOST
+        and node is not None
+        and node.name == h.from_node
+        and node.ready != "True"
+        and node.out_of_service
+        and bool(node.tainted_by)
+        and pipeline not in node.tainted_by
+    )
 
 
 def _rfc3339(t: datetime) -> str:

@@ -4,10 +4,13 @@
 - a resync thread: a pass over every watched pipeline each `--interval` seconds
   (failover is level-based: lost nodes, expired Leases and detached volumes are noticed
   by looking). Not a kopf daemon or timer: those put a finalizer on every pipeline;
-- delete: only for pipelines that keep their volumes (`storage.retainOnDelete`, the
-  default) — the one case where deletion needs the operator: the PVCs lose their owner
-  reference before the garbage collector runs, so only they survive. Without it there is
-  no finalizer; owner references cascade.
+- delete: for pipelines that keep their volumes (`storage.retainOnDelete`, the
+  default), kopf's finalizer `dedup.io/retain-volumes`: the PVCs lose their owner
+  reference before the garbage collector runs, so only they survive. A pipeline that
+  relies on an out-of-service taint it added to a node carries the operator's own
+  finalizer `dedup.io/out-of-service-taints` (set by the reconcile pass before it taints,
+  dropped once it relies on none): the resync pass over a deleted pipeline lifts its
+  marks and taints, then the finalizer. Otherwise owner references cascade.
 """
 
 from __future__ import annotations
@@ -79,8 +82,10 @@ def resync_forever() -> None:
             continue
         for body in pipelines:
             meta = body["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
+            if meta.get("deletionTimestamp") and names.FINALIZER_TAINTS not in (
+                meta.get("finalizers") or []
+            ):
+                continue  # a deleted pipeline is finalized only for its taints
             try:
                 reconcile_one(kube, meta["namespace"], meta["name"])
             except Exception as exc:  # one bad pass must not stop the loop

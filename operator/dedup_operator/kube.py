@@ -319,29 +319,129 @@ class Kube:
             if not _absent(exc):
                 raise
 
-    def _node_taints(self, node: str) -> tuple[str, list[Obj]]:
+    def _node_taints(self, node: str) -> tuple[str, list[Obj], list[str]]:
+        """(resourceVersion, taints, the pipelines in its out-of-service mark)."""
         current = self._json(self.core.read_node(node))
         taints = list((current.get("spec") or {}).get("taints") or [])
-        return str(current["metadata"]["resourceVersion"]), taints
+        by = (current["metadata"].get("annotations") or {}).get(names.ANNOTATION_TAINT_BY)
+        owners = sorted({o.strip() for o in (by or "").split(",") if o.strip()})
+        return str(current["metadata"]["resourceVersion"]), taints, owners
 
-    def _set_taints(self, node: str, version: str, taints: list[Obj]) -> None:
-        # resourceVersion makes it a compare-and-set: no one else's taint is lost
+    def _set_taints(self, node: str, version: str, taints: list[Obj], owners: list[str]) -> None:
+        # resourceVersion makes it a compare-and-set: no one else's taint or mark is lost
         self.core.patch_node(
-            node, {"metadata": {"resourceVersion": version}, "spec": {"taints": taints}}
+            node,
+            {
+                "metadata": {
+                    "resourceVersion": version,
+                    "annotations": {names.ANNOTATION_TAINT_BY: ",".join(owners) or None},
+                },
+                "spec": {"taints": taints},
+            },
         )
 
-    def taint_out_of_service(self, node: str) -> None:
-        version, taints = self._node_taints(node)
-        if any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints):
-            return
-        taints.append({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"})
-        self._set_taints(node, version, taints)
+    def _retry_conflicts(self, attempt: Any) -> Any:
+        for _ in range(4):
+            try:
+                return attempt()
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        return attempt()
 
-    def remove_out_of_service(self, node: str) -> None:
-        version, taints = self._node_taints(node)
-        kept = [t for t in taints if t.get("key") != OUT_OF_SERVICE_TAINT]
-        if len(kept) != len(taints):
-            self._set_taints(node, version, kept)
+    def taint_out_of_service(self, node: str, owner: str) -> bool:
+        """Taint `node` out-of-service marked as relied on by pipeline `owner`
+        ("namespace/name"), or add `owner` to the mark of a taint the operator added for
+        another pipeline. False (node untouched) if the node carries an out-of-service
+        taint someone else set: that one is never claimed, so never lifted by us."""
+
+        def attempt() -> bool:
+            version, taints, owners = self._node_taints(node)
+            has = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints)
+            if has and not owners:
+                return False
+            if has and owner in owners:
+                return True
+            if not has:
+                owners = []  # a mark without its taint is stale
+                taints.append(
+                    {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
+                )
+            self._set_taints(node, version, taints, sorted({*owners, owner}))
+            return True
+
+        return bool(self._retry_conflicts(attempt))
+
+    def release_out_of_service(self, node: str, owner: str) -> bool:
+        """Take pipeline `owner` off the node's out-of-service mark; with the last mark the
+        taint goes too (True). A taint the operator did not add is never removed."""
+
+        def attempt() -> bool:
+            try:
+                version, taints, owners = self._node_taints(node)
+            except ApiException as exc:
+                if _absent(exc):
+                    return False
+                raise
+            if owner not in owners:
+                return False
+            owners.remove(owner)
+            if not owners:
+                taints = [t for t in taints if t.get("key") != OUT_OF_SERVICE_TAINT]
+            self._set_taints(node, version, taints, owners)
+            return not owners
+
+        return bool(self._retry_conflicts(attempt))
+
+    def nodes_marked_by(self, owner: str) -> list[str]:
+        """The nodes whose out-of-service mark names pipeline `owner`."""
+        found = []
+        for n in self.nodes():
+            by = (n["metadata"].get("annotations") or {}).get(names.ANNOTATION_TAINT_BY) or ""
+            if owner in {o.strip() for o in by.split(",")}:
+                found.append(str(n["metadata"]["name"]))
+        return found
+
+    def pods_on_node(self, node: str) -> list[Obj]:
+        """Every pod bound to `node`, in any namespace."""
+        found = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        return [self._json(p) for p in found.items]
+
+    def lease(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self._json(self.coordination.read_namespaced_lease(name, namespace))
+        except ApiException as exc:
+            if _absent(exc):
+                return None
+            raise
+
+    def set_finalizer(self, namespace: str, name: str, finalizer: str, present: bool) -> None:
+        """Add or remove one finalizer of a pipeline (compare-and-set on its list)."""
+
+        def attempt() -> None:
+            body = self.pipeline(namespace, name)
+            if body is None:
+                return
+            meta = body["metadata"]
+            current = list(meta.get("finalizers") or [])
+            if (finalizer in current) == present:
+                return
+            wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
+            self.custom.patch_namespaced_custom_object(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.PLURAL,
+                name,
+                {"metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": wanted}},
+                _content_type="application/merge-patch+json",
+            )
+
+        try:
+            self._retry_conflicts(attempt)
+        except ApiException as exc:
+            if not _absent(exc):
+                raise
 
     def release_volume_claims(self, namespace: str, pipeline: str) -> list[str]:
         """Remove the pipeline's owner reference from its PVCs, so deleting the pipeline

@@ -30,9 +30,14 @@ COMPONENT_WORKER: Final = "worker"
 
 # annotations
 ANNOTATION_SPEC_HASH: Final = "dedup.io/spec-hash"
+# on a Node the operator tainted out-of-service: the pipelines ("namespace/name",
+# comma-separated) that rely on that taint; it is lifted with the last of them
+ANNOTATION_TAINT_BY: Final = "dedup.io/out-of-service-taint-by"
 
 # finalizer of a pipeline that keeps its volumes (retainOnDelete: true)
 FINALIZER_RETAIN_VOLUMES: Final = "dedup.io/retain-volumes"
+# finalizer of a pipeline while it relies on an out-of-service taint it added to a node
+FINALIZER_TAINTS: Final = "dedup.io/out-of-service-taints"
 
 # the worker container
 CONTAINER: Final = "worker"

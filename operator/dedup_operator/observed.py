@@ -11,10 +11,12 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dedup_operator import names
 from dedup_operator.failover import (
     OUT_OF_SERVICE_TAINT,
     AttachmentView,
     LeaseView,
+    NodePod,
     NodeView,
     PodView,
 )
@@ -44,11 +46,62 @@ def node_view(node: Obj) -> NodeView:
     status = node.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     taints = (node.get("spec") or {}).get("taints") or []
+    by = (_meta(node).get("annotations") or {}).get(names.ANNOTATION_TAINT_BY) or ""
     return NodeView(
         name=str(_meta(node)["name"]),
         ready=str(ready.get("status", "Unknown")) if ready else "Unknown",
         ready_since=parse_time(ready.get("lastTransitionTime")) if ready else None,
         out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
+        tainted_by=taint_owners(by),
+    )
+
+
+def taint_owners(annotation: str | None) -> tuple[str, ...]:
+    """The pipelines named in a node's `dedup.io/out-of-service-taint-by` annotation."""
+    return tuple(sorted({o.strip() for o in (annotation or "").split(",") if o.strip()}))
+
+
+def tolerates_out_of_service(pod: Obj) -> bool:
+    """Does the pod tolerate `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`
+    for ever (a toleration with tolerationSeconds is evicted when they are up)?"""
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        key, op = t.get("key") or "", t.get("operator") or "Equal"
+        if key not in ("", OUT_OF_SERVICE_TAINT) or (not key and op != "Exists"):
+            continue
+        if op == "Equal" and (t.get("value") or "") != "nodeshutdown":
+            continue
+        if t.get("effect") not in (None, "", "NoExecute") or t.get("tolerationSeconds") is not None:
+            continue
+        return True
+    return False
+
+
+def worker_lease_name(pod: Obj) -> str | None:
+    """The Lease of a dedup worker pod (by its labels), in the pod's namespace; None for
+    any other pod."""
+    labels = _meta(pod).get("labels") or {}
+    if labels.get(names.LABEL_COMPONENT) != names.COMPONENT_WORKER:
+        return None
+    pipeline, partition = labels.get(names.LABEL_PIPELINE), labels.get(names.LABEL_PARTITION)
+    if not pipeline or partition is None or not str(partition).isdigit():
+        return None
+    return names.lease(str(pipeline), int(partition))
+
+
+def node_pod(pod: Obj, worker_lease: Obj | None = None, worker: bool = False) -> NodePod:
+    """A pod on a node as the out-of-service taint sees it; `worker` (with its Lease, None
+    if it has none) only for a dedup worker whose Lease the caller could read."""
+    meta = _meta(pod)
+    owners = meta.get("ownerReferences") or []
+    return NodePod(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta["name"]),
+        daemon_set=any(o.get("kind") == "DaemonSet" and o.get("controller") for o in owners),
+        mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
+        tolerates_out_of_service=tolerates_out_of_service(pod),
+        finished=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        worker=worker,
+        worker_lease=lease_view(worker_lease) if worker and worker_lease is not None else None,
     )
 
 
@@ -58,6 +111,14 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
     status = pod.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     annotations = meta.get("annotations") or {}
+    scheduled = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
+    )
+    unschedulable = (
+        scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+    )
     return PodView(
         name=str(meta["name"]),
         epoch=epoch,
@@ -66,6 +127,14 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
         ready=bool(ready and ready.get("status") == "True"),
         deleting=meta.get("deletionTimestamp") is not None,
         spec_hash=annotations.get(spec_hash_annotation) if spec_hash_annotation else None,
+        unschedulable=(
+            str(scheduled.get("message") or "Unschedulable")
+            if scheduled and unschedulable
+            else None
+        ),
+        unschedulable_since=(
+            parse_time(scheduled.get("lastTransitionTime")) if scheduled and unschedulable else None
+        ),
     )
 
 

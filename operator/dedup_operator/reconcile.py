@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,10 +32,14 @@ from dedup_operator.failover import (
     DeletePods,
     Handover,
     HandoverReason,
+    NodeView,
     PartitionObservation,
     PodView,
+    Release,
+    ReleaseVolume,
     Steady,
     TaintOutOfService,
+    join_out_of_service_taint,
     partition_action,
     remove_out_of_service_taint,
 )
@@ -47,7 +51,14 @@ from dedup_operator.kube import (
     scrape,
     worker_counters,
 )
-from dedup_operator.observed import attachments_of, lease_view, node_view, pod_view
+from dedup_operator.observed import (
+    attachments_of,
+    lease_view,
+    node_pod,
+    node_view,
+    pod_view,
+    worker_lease_name,
+)
 from dedup_operator.spec import PipelineSpec, SpecError, quantity
 from dedup_operator.status import (
     Condition,
@@ -111,7 +122,11 @@ def reconcile(
     memory = _memory(namespace, name)
     with memory.lock, metrics.RECONCILE_SECONDS.time():
         body = kube.pipeline(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        if body is None:
+            return None
+        if body["metadata"].get("deletionTimestamp"):
+            if names.FINALIZER_TAINTS in (body["metadata"].get("finalizers") or []):
+                finalize(kube, body, recorder(body))
             return None
         if memory.uid != body["metadata"]["uid"]:  # a new pipeline of the same name
             memory.uid, memory.ensured, memory.topic = body["metadata"]["uid"], None, None
@@ -125,6 +140,65 @@ def reconcile(
         return status
 
 
+def finalize(kube: Kube, body: Mapping[str, Any], record: Recorder) -> None:
+    """A deleted pipeline lifts its marks from the out-of-service taints it relies on
+    (and each taint with its last mark), then lets itself go (its finalizer)."""
+    meta = body["metadata"]
+    us = f"{meta['namespace']}/{meta['name']}"
+    listed = set((body.get("status") or {}).get("taintedNodes") or [])
+    for node_name in sorted(listed | set(kube.nodes_marked_by(us))):
+        if kube.release_out_of_service(node_name, us):
+            record(
+                "Normal",
+                "NodeBackInService",
+                f"removed the out-of-service taint from {node_name} (pipeline deleted)",
+            )
+    kube.set_finalizer(meta["namespace"], meta["name"], names.FINALIZER_TAINTS, present=False)
+    forget(meta["namespace"], meta["name"])
+
+
+_RELEASE_EVENTS = {
+    Release.GRACEFUL: ("Normal", "ReleasedGracefully"),
+    Release.OUT_OF_SERVICE_TAINT: ("Normal", "ReleaseByOutOfServiceTaint"),
+    Release.TAINT_BLOCKED: ("Warning", "OutOfServiceTaintBlocked"),
+    Release.WAIT_FOR_DETACH: ("Normal", "WaitingForDetach"),
+    Release.EXTERNAL: ("Normal", "WaitingForOutOfServiceTaint"),
+}
+
+
+def _lost_node_pods(
+    kube: Kube,
+    node: NodeView,
+    leases: Mapping[str, Any],
+    namespace: str,
+) -> NodeView:
+    """The node with the pods bound to it (what the out-of-service taint would evict);
+    each dedup worker with its Lease. Pods unreadable: left unknown (no taint)."""
+    try:
+        raw = kube.pods_on_node(node.name)
+    except Exception as exc:  # e.g. no RBAC to list pods in every namespace
+        log.warning("cannot list the pods on node %s: %s", node.name, exc)
+        return node
+    pods = []
+    for pod in raw:
+        lease_name = worker_lease_name(pod)
+        if lease_name is None:
+            pods.append(node_pod(pod))
+            continue
+        ns = pod["metadata"].get("namespace")
+        try:
+            if ns == namespace and lease_name in leases:
+                lease = leases[lease_name]
+            else:  # another pipeline's worker: its own Lease
+                lease = kube.lease(ns, lease_name)
+        except Exception as exc:  # unreadable: counted as another workload
+            log.warning("cannot read Lease %s/%s: %s", ns, lease_name, exc)
+            pods.append(node_pod(pod))
+            continue
+        pods.append(node_pod(pod, lease, worker=True))
+    return replace(node, pods=tuple(pods))
+
+
 def _reconcile(
     kube: Kube,
     body: Mapping[str, Any],
@@ -134,6 +208,7 @@ def _reconcile(
 ) -> dict[str, Any]:
     meta = body["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
+    us = f"{namespace}/{name}"  # how our out-of-service taints are marked
     previous: Mapping[str, Any] = body.get("status") or {}
     now = datetime.now(UTC)
 
@@ -196,6 +271,19 @@ def _reconcile(
         if ip:
             pod_ips[view.name] = ip
     previous_parts = {int(p["partition"]): p for p in previous.get("partitions") or []}
+    # A lost node this pipeline may taint: what the taint would evict is looked at first.
+    if spec.failover.release_volume == ReleaseVolume.OUT_OF_SERVICE_TAINT:
+        for entry in previous_parts.values():
+            h_prev = entry.get("handover") or {}
+            lost = nodes.get(h_prev.get("fromNode") or "")
+            if (
+                h_prev.get("reason") == HandoverReason.NODE_LOST.value
+                and lost is not None
+                and lost.pods is None
+                and lost.ready != "True"
+                and not lost.out_of_service
+            ):
+                nodes[lost.name] = _lost_node_pods(kube, lost, leases, namespace)
 
     any_handover = any(p.get("handover") for p in previous_parts.values())
     all_ready = all(
@@ -247,13 +335,22 @@ def _reconcile(
     # Nodes about to be tainted are recorded first: a restarted operator must know which
     # taints are its own to lift.
     tainted = list(previous.get("taintedNodes") or [])
-    to_taint = [
-        d.action.node
+    to_taint = {
+        d.action.node for d in decisions.values() if isinstance(d.action, TaintOutOfService)
+    }
+    to_join = {
+        d.handover.from_node
         for d in decisions.values()
-        if isinstance(d.action, TaintOutOfService) and d.action.node not in tainted
-    ]
-    tainted += sorted(set(to_taint))
-    if changed or to_taint:
+        if d.handover is not None
+        and d.handover.from_node
+        and join_out_of_service_taint(nodes.get(d.handover.from_node), us, d.handover)
+    }
+    marking = sorted(n for n in to_taint | to_join if n not in tainted)
+    tainted += marking
+    if to_taint | to_join:
+        # the finalizer first: a pipeline deleted from now on lifts its marks
+        kube.set_finalizer(namespace, name, names.FINALIZER_TAINTS, present=True)
+    if changed or marking:
         kube.patch_status(
             namespace,
             name,
@@ -287,12 +384,17 @@ def _reconcile(
                 f"{' (force)' if action.force else ''}: {action.why}",
             )
         elif isinstance(action, TaintOutOfService):
-            kube.taint_out_of_service(action.node)
-            record(
-                "Warning",
-                "NodeOutOfService",
-                f"partition {p}: tainted lost node {action.node} out-of-service to release its volume",
-            )
+            if action.node in to_join:
+                pass  # joined below
+            elif kube.taint_out_of_service(action.node, us):
+                record(
+                    "Warning",
+                    "NodeOutOfService",
+                    f"partition {p}: tainted lost node {action.node} out-of-service to "
+                    "release its volume (it runs only fenced dedup workers)",
+                )
+            elif action.node in tainted:  # someone else's taint got there first
+                tainted.remove(action.node)
         elif isinstance(action, BeginHandover):
             h = action.handover
             metrics.FAILOVERS_STARTED.labels(namespace, name, h.reason.value).inc()
@@ -322,7 +424,26 @@ def _reconcile(
         if decision.degraded and not (previous_parts.get(p, {}).get("waitingFor") or "").startswith(
             "DEGRADED"
         ):
-            record("Warning", "VolumeNotDetached", decision.degraded)
+            record("Warning", decision.degraded_reason or "Degraded", decision.degraded)
+        h_now = decision.handover
+        h_was = previous_parts.get(p, {}).get("handover") or {}
+        if (
+            h_now is not None
+            and h_now.release is not None
+            and (h_was.get("release"), h_was.get("releaseWhy"))
+            != (h_now.release.value, h_now.release_why)
+        ):
+            type_, reason = _RELEASE_EVENTS[h_now.release]
+            record(type_, reason, f"partition {p}: {h_now.release_why}")
+    for node_name in sorted(to_join):
+        if kube.taint_out_of_service(node_name, us):
+            record(
+                "Normal",
+                "NodeOutOfService",
+                f"relying on the out-of-service taint on lost node {node_name} too",
+            )
+        elif node_name in tainted:
+            tainted.remove(node_name)
 
     # -- lift out-of-service taints from nodes that are back and hold none of our volumes
     our_pvs = {
@@ -332,8 +453,10 @@ def _reconcile(
     }
     for node_name in list(tainted):
         node = nodes.get(node_name)
-        if node is None:
-            tainted.remove(node_name)
+        if node_name in to_taint | to_join:
+            continue  # marked in this pass, after `nodes` was read
+        if node is None or us not in node.tainted_by:
+            tainted.remove(node_name)  # gone, or untainted by someone: not ours to lift
             continue
         here = sum(
             1
@@ -341,12 +464,16 @@ def _reconcile(
             if (va.get("spec") or {}).get("nodeName") == node_name
             and ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName") in our_pvs
         )
-        if remove_out_of_service_taint(node, here):
-            kube.remove_out_of_service(node_name)
+        if remove_out_of_service_taint(node, here, us):
+            if kube.release_out_of_service(node_name, us):
+                record(
+                    "Normal",
+                    "NodeBackInService",
+                    f"removed the out-of-service taint from {node_name}",
+                )
             tainted.remove(node_name)
-            record(
-                "Normal", "NodeBackInService", f"removed the out-of-service taint from {node_name}"
-            )
+    if not tainted and names.FINALIZER_TAINTS in (meta.get("finalizers") or []):
+        kube.set_finalizer(namespace, name, names.FINALIZER_TAINTS, present=False)
 
     # -- counters from the workers' own metrics
     totals = {"dups": 0, "in": 0, "out": 0, "lag": 0}
@@ -587,6 +714,4 @@ def _partition_status(
 
 
 def _with(entry: PartitionStatus, **changes: Any) -> PartitionStatus:
-    from dataclasses import replace
-
     return replace(entry, **changes)

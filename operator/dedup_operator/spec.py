@@ -156,6 +156,7 @@ class FailoverSpec:
     lease_duration: timedelta = timedelta(seconds=15)
     release_volume: ReleaseVolume = ReleaseVolume.OUT_OF_SERVICE_TAINT
     detach_timeout: timedelta = timedelta(minutes=10)
+    schedule_timeout: timedelta = timedelta(minutes=2)
 
     @property
     def lease_duration_seconds(self) -> int:
@@ -166,6 +167,7 @@ class FailoverSpec:
             node_lost_after=self.node_lost_after,
             release_volume=self.release_volume,
             detach_timeout=self.detach_timeout,
+            schedule_timeout=self.schedule_timeout,
         )
 
 
@@ -307,6 +309,11 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
             duration(fo["detachTimeout"], "failover.detachTimeout")
             if "detachTimeout" in fo
             else defaults.detach_timeout
+        ),
+        schedule_timeout=(
+            duration(fo["scheduleTimeout"], "failover.scheduleTimeout")
+            if "scheduleTimeout" in fo
+            else defaults.schedule_timeout
         ),
     )
     if failover.lease_duration < timedelta(seconds=1):

@@ -101,6 +101,12 @@ def phase_of(
     return "Degraded" if previous_phase in ("Running", "Degraded") else "Pending"
 
 
+def _handover_summary(p: PartitionStatus) -> str:
+    h = p.handover or {}
+    why = h.get("releaseWhy")
+    return f"p{p.partition} ({h.get('reason')})" + (f": {why}" if why else "")
+
+
 def summary_conditions(
     partitions: Sequence[PartitionStatus],
     expected: int,
@@ -138,7 +144,7 @@ def summary_conditions(
             "FailingOver",
             bool(failing_over),
             "HandoverInProgress" if failing_over else "NoHandover",
-            ", ".join(f"p{p.partition} ({(p.handover or {}).get('reason')})" for p in failing_over),
+            "; ".join(_handover_summary(p) for p in failing_over)[:4000],
         ),
         topic,
     ]

@@ -20,12 +20,15 @@ from dedup_operator.failover import (
     Handover,
     HandoverReason,
     LeaseView,
+    NodePod,
     NodeView,
     PartitionObservation,
     PodView,
+    Release,
     ReleaseVolume,
     Steady,
     TaintOutOfService,
+    join_out_of_service_taint,
     partition_action,
     remove_out_of_service_taint,
 )
@@ -38,8 +41,20 @@ def s(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def node(name: str, ready: str = "True", since: float = -1000, oos: bool = False) -> NodeView:
-    return NodeView(name=name, ready=ready, ready_since=s(since), out_of_service=oos)
+US = "ns/events"
+
+
+def node(
+    name: str,
+    ready: str = "True",
+    since: float = -1000,
+    oos: bool = False,
+    pods: tuple[NodePod, ...] | None = None,
+    by: tuple[str, ...] = (),
+) -> NodeView:
+    return NodeView(
+        name=name, ready=ready, ready_since=s(since), out_of_service=oos, pods=pods, tainted_by=by
+    )
 
 
 NODES = {n.name: n for n in (node("a"), node("b"))}
@@ -112,8 +127,15 @@ def test_node_deleted_counts_as_lost() -> None:
     assert d.action.handover.reason == HandoverReason.NODE_LOST
 
 
+def our_worker(renewed: float = 8) -> NodePod:
+    """The old worker on node a as the shell sees it on the node: with its Lease."""
+    return NodePod(
+        "ns", "events-p0-e1", worker=True, worker_lease=lease(1, "events-p0-e1", renewed)
+    )
+
+
 def test_full_node_loss_handover_with_out_of_service_taint() -> None:
-    lost = {**NODES, "a": node("a", "Unknown", since=0)}
+    lost = {**NODES, "a": node("a", "Unknown", since=0, pods=(our_worker(),))}
     h = node_lost_handover()
     # 1. the old worker's Lease (renewed at 8s, 5s long) has not run out: wait
     held = lease(1, "events-p0-e1", 8)
@@ -125,6 +147,7 @@ def test_full_node_loss_handover_with_out_of_service_taint() -> None:
     d = partition_action(obs(nodes=lost, handover=h, lease=expired), POLICY, s(13))
     assert d.action == TaintOutOfService("a")
     assert d.handover is not None and d.handover.steps == {"fenced": 3.0}
+    assert d.handover.release == Release.OUT_OF_SERVICE_TAINT
     h = d.handover
     # 3. tainted: force-delete the pod (as pod GC would)
     tainted = {**lost, "a": node("a", "Unknown", since=0, oos=True)}
@@ -286,8 +309,192 @@ def test_handover_round_trips_through_status() -> None:
     assert h.to_status()["started"] == "2026-11-22T12:00:10Z"
 
 
-def test_out_of_service_taint_removal() -> None:
-    assert remove_out_of_service_taint(node("a", oos=True), 0)
-    assert not remove_out_of_service_taint(node("a", oos=True), 1)
-    assert not remove_out_of_service_taint(node("a", "Unknown", oos=True), 0)
-    assert not remove_out_of_service_taint(node("a"), 0)
+def test_out_of_service_taint_removal_only_of_our_own_mark() -> None:
+    assert remove_out_of_service_taint(node("a", oos=True, by=(US,)), 0, US)
+    assert remove_out_of_service_taint(node("a", oos=True, by=("other/p", US)), 0, US)
+    assert not remove_out_of_service_taint(node("a", oos=True, by=(US,)), 1, US)
+    assert not remove_out_of_service_taint(node("a", "Unknown", oos=True, by=(US,)), 0, US)
+    assert not remove_out_of_service_taint(node("a", by=(US,)), 0, US)
+    # an administrator's taint (no mark), or another pipeline's: never ours to lift
+    assert not remove_out_of_service_taint(node("a", oos=True), 0, US)
+    assert not remove_out_of_service_taint(node("a", oos=True, by=("other/p",)), 0, US)
+
+
+def test_a_pipeline_relying_on_another_pipelines_taint_joins_its_mark() -> None:
+    h = node_lost_handover()
+    theirs = node("a", "Unknown", oos=True, by=("other/p",))
+    assert join_out_of_service_taint(theirs, US, h)
+    assert not join_out_of_service_taint(replace(theirs, tainted_by=("other/p", US)), US, h)
+    assert not join_out_of_service_taint(node("a", "Unknown", oos=True), US, h)  # an admin's
+    assert not join_out_of_service_taint(replace(theirs, ready="True"), US, h)
+    assert not join_out_of_service_taint(theirs, US, None)
+
+
+# ------------------------------------------------ never harm a neighbour (issue 15)
+LOST = {"a": node("a", "Unknown", since=0, pods=(our_worker(0),)), "b": node("b")}
+
+
+def fenced_handover() -> Handover:
+    return node_lost_handover().mark("fenced", s(12))
+
+
+def test_node_ready_again_after_fencing_is_released_gracefully_never_tainted() -> None:
+    h = fenced_handover()
+    d = partition_action(obs(handover=h, lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))
+    assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (NodeLost)")
+    assert d.handover is not None and d.handover.release == Release.GRACEFUL
+    assert "node a is Ready again" in (d.handover.release_why or "")
+    h = d.handover
+    # terminating: wait; gone: wait for the volume, then the replacement
+    d = partition_action(
+        obs(handover=h, lease=lease(1), pods=(pod(1, deleting=True),)), POLICY, s(14)
+    )
+    assert isinstance(d.action, Steady) and "terminate" in (d.action.waiting_for or "")
+    va = AttachmentView("csi-x", "a", True)
+    d = partition_action(obs(handover=h, lease=lease(1), pods=(), attachments=(va,)), POLICY, s(15))
+    assert isinstance(d.action, Steady) and "detach" in (d.action.waiting_for or "")
+    d = partition_action(obs(handover=h, lease=lease(1), pods=()), POLICY, s(16))
+    assert d.action == CreatePod(epoch=2, avoid_node="a")
+    assert d.handover is not None and d.handover.to_status()["release"] == "Graceful"
+
+
+def test_healed_node_whose_old_worker_took_its_lease_again_is_waited_for() -> None:
+    """The old pod restarted on the healed node and renewed its Lease before it was
+    deleted: the replacement waits until that Lease is free or run out."""
+    h = fenced_handover().released_by(Release.GRACEFUL, "node a is Ready again")
+    held = lease(1, "events-p0-e1", renewed=14)
+    d = partition_action(obs(handover=h, lease=held, pods=()), POLICY, s(15))
+    assert isinstance(d.action, Steady) and d.action.until == s(19)
+
+
+def test_all_policies_release_a_ready_node_gracefully() -> None:
+    for how in ReleaseVolume:
+        d = partition_action(
+            obs(handover=fenced_handover(), lease=lease(1)),
+            replace(POLICY, release_volume=how),
+            s(13),
+        )
+        assert isinstance(d.action, DeletePods) and not d.action.force, how
+
+
+def test_node_with_a_foreign_pod_is_not_tainted_the_fallback_names_it() -> None:
+    db = NodePod("shop", "postgres-0")
+    nodes = {**LOST, "a": replace(LOST["a"], pods=(our_worker(0), db))}
+    d = partition_action(
+        obs(nodes=nodes, handover=fenced_handover(), lease=lease(1)), POLICY, s(13)
+    )
+    assert isinstance(d.action, DeletePods)
+    assert d.action.names == ("events-p0-e1",) and d.action.force  # only our own pod
+    assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
+    why = d.handover.release_why or ""
+    assert "node a" in why and "shop/postgres-0" in why and "force-detach" in why
+    # then it waits for the controller's force-detach, never tainting
+    h = d.handover
+    va = AttachmentView("csi-x", "a", True)
+    for t in (14, 300):
+        d = partition_action(
+            obs(nodes=nodes, handover=h, lease=lease(1), pods=(), attachments=(va,)), POLICY, s(t)
+        )
+        assert isinstance(d.action, Steady) and d.handover is not None
+        assert d.handover.release == Release.TAINT_BLOCKED
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1), pods=()), POLICY, s(400))
+    assert d.action == CreatePod(epoch=2, avoid_node="a")
+
+
+def test_node_whose_pods_are_unknown_is_not_tainted() -> None:
+    nodes = {**LOST, "a": replace(LOST["a"], pods=None)}
+    d = partition_action(
+        obs(nodes=nodes, handover=fenced_handover(), lease=lease(1)), POLICY, s(13)
+    )
+    assert isinstance(d.action, DeletePods) and d.action.force
+    assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
+    assert "could not be listed" in (d.handover.release_why or "")
+
+
+@pytest.mark.parametrize(
+    "neighbour",
+    [
+        NodePod("kube-system", "fluentd-x", daemon_set=True),
+        NodePod("kube-system", "kube-proxy-a", mirror=True),
+        NodePod("ops", "tolerant", tolerates_out_of_service=True),
+        NodePod("batch", "job-done", finished=True),
+        NodePod("other", "events-p3-e2", worker=True, worker_lease=lease(2, "events-p3-e2", 0)),
+        NodePod("other", "events-p4-e1", worker=True, worker_lease=lease(2, "events-p4-e2", 12)),
+        NodePod("other", "events-p5-e1", worker=True, worker_lease=None),
+    ],
+    ids=lambda p: p.name,
+)
+def test_pods_the_taint_leaves_alone_or_fenced_workers_allow_it(neighbour: NodePod) -> None:
+    nodes = {**LOST, "a": replace(LOST["a"], pods=(our_worker(0), neighbour))}
+    d = partition_action(
+        obs(nodes=nodes, handover=fenced_handover(), lease=lease(1)), POLICY, s(13)
+    )
+    assert d.action == TaintOutOfService("a")
+
+
+def test_taint_waits_for_other_workers_on_the_node_to_be_fenced() -> None:
+    other = NodePod("ns", "events-p1-e1", worker=True, worker_lease=lease(1, "events-p1-e1", 10))
+    nodes = {**LOST, "a": replace(LOST["a"], pods=(our_worker(0), other))}
+    h = fenced_handover()
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1)), POLICY, s(13))
+    assert isinstance(d.action, Steady) and d.action.until == s(15)
+    assert "ns/events-p1-e1" in (d.action.waiting_for or "")
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1)), POLICY, s(15))
+    assert d.action == TaintOutOfService("a")
+
+
+def test_external_waits_for_someone_elses_taint_and_never_taints() -> None:
+    policy = replace(
+        POLICY, release_volume=ReleaseVolume.EXTERNAL, detach_timeout=timedelta(seconds=60)
+    )
+    h = fenced_handover()
+    for t in (13, 71):
+        d = partition_action(obs(nodes=LOST, handover=h, lease=lease(1)), policy, s(t))
+        assert isinstance(d.action, Steady), d
+        assert "out-of-service taint on node a" in (d.action.waiting_for or "")
+        assert d.handover is not None and d.handover.release == Release.EXTERNAL
+        assert d.degraded is None
+    d = partition_action(obs(nodes=LOST, handover=h, lease=lease(1)), policy, s(72))
+    assert isinstance(d.action, Steady) and d.degraded is not None
+    assert d.degraded_reason == "NoOutOfServiceTaint" and "node a" in d.degraded
+    # someone (a node remediation controller, a person) taints it: force-delete our pod
+    tainted = {**LOST, "a": replace(LOST["a"], out_of_service=True)}
+    d = partition_action(obs(nodes=tainted, handover=h, lease=lease(1)), policy, s(73))
+    assert d.action == DeletePods(("events-p0-e1",), force=True, why="its node is out of service")
+    assert d.handover is not None and d.handover.release == Release.EXTERNAL
+
+
+def test_release_round_trips_through_status() -> None:
+    h = fenced_handover().released_by(Release.TAINT_BLOCKED, "not tainting node a: shop/db-0")
+    assert Handover.from_status(h.to_status()) == h
+    assert h.to_status()["release"] == "TaintBlocked"
+
+
+def test_unschedulable_replacement_degrades_after_the_wait() -> None:
+    policy = replace(POLICY, schedule_timeout=timedelta(seconds=120))
+    h = replace(
+        node_lost_handover(), steps={"fenced": 0, "released": 1, "detached": 2, "started": 2}
+    )
+    why = "0/3 nodes are available: 1 node(s) had volume node affinity conflict"
+    stuck = pod(2, None, phase="Pending", ready=False, unschedulable=why)
+    d = partition_action(obs(handover=h, lease=lease(1), pods=(stuck,)), policy, s(12 + 119))
+    assert isinstance(d.action, Steady) and d.degraded is None
+    assert d.action.until == s(12 + 120) and why in (d.action.waiting_for or "")
+    d = partition_action(obs(handover=h, lease=lease(1), pods=(stuck,)), policy, s(12 + 120))
+    assert isinstance(d.action, Steady) and d.handover is not None
+    assert d.degraded_reason == "Unschedulable"
+    assert d.degraded is not None and why in d.degraded and "events-p0-e2" in d.degraded
+    # scheduled after all: no longer degraded
+    placed = replace(stuck, node="b", unschedulable=None)
+    d = partition_action(obs(handover=h, lease=lease(1), pods=(placed,)), policy, s(200))
+    assert d.degraded is None
+
+
+def test_unschedulable_first_pod_degrades_after_the_wait() -> None:
+    stuck = pod(
+        1, None, phase="Pending", ready=False, unschedulable="no nodes", unschedulable_since=s(0)
+    )
+    d = partition_action(obs(pods=(stuck,)), POLICY, s(119))
+    assert d.degraded is None
+    d = partition_action(obs(pods=(stuck,)), POLICY, s(120))
+    assert d.degraded is not None and "no nodes" in d.degraded

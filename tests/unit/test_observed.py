@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from dedup_operator.observed import (
     attachments_of,
     format_micro_time,
     lease_view,
+    node_pod,
     node_view,
     parse_time,
     pod_view,
+    tolerates_out_of_service,
+    worker_lease_name,
 )
 
 
@@ -108,3 +113,104 @@ def test_micro_time_round_trip() -> None:
     t = datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)
     assert format_micro_time(t) == "2026-11-22T10:00:00.123456Z"
     assert parse_time(format_micro_time(t)) == t
+
+
+def test_node_view_reads_the_operators_taint_mark() -> None:
+    node = {
+        "metadata": {
+            "name": "n",
+            "annotations": {"dedup.io/out-of-service-taint-by": "b/p2, a/p1,"},
+        }
+    }
+    assert node_view(node).tainted_by == ("a/p1", "b/p2")
+    assert node_view({"metadata": {"name": "n"}}).tainted_by == ()
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerates"),
+    [
+        ({"operator": "Exists"}, True),
+        ({"key": "node.kubernetes.io/out-of-service", "operator": "Exists"}, True),
+        ({"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown"}, True),
+        (
+            {
+                "key": "node.kubernetes.io/out-of-service",
+                "operator": "Exists",
+                "effect": "NoExecute",
+            },
+            True,
+        ),
+        ({"key": "node.kubernetes.io/out-of-service", "value": "other"}, False),
+        (
+            {
+                "key": "node.kubernetes.io/out-of-service",
+                "operator": "Exists",
+                "tolerationSeconds": 30,
+            },
+            False,
+        ),
+        ({"key": "node.kubernetes.io/out-of-service", "effect": "NoSchedule"}, False),
+        ({"key": "node.kubernetes.io/unreachable", "operator": "Exists"}, False),
+    ],
+)
+def test_out_of_service_toleration(toleration: dict[str, object], tolerates: bool) -> None:
+    assert tolerates_out_of_service({"spec": {"tolerations": [toleration]}}) is tolerates
+
+
+def test_node_pod_kinds() -> None:
+    ds = {
+        "metadata": {
+            "name": "agent-x",
+            "namespace": "kube-system",
+            "ownerReferences": [{"kind": "DaemonSet", "name": "agent", "controller": True}],
+        }
+    }
+    assert node_pod(ds).daemon_set and not node_pod(ds).evicted_by_taint()
+    mirror = {"metadata": {"name": "m", "annotations": {"kubernetes.io/config.mirror": "x"}}}
+    assert node_pod(mirror).mirror
+    done = {"metadata": {"name": "j"}, "status": {"phase": "Succeeded"}}
+    assert node_pod(done).finished
+    db = {"metadata": {"name": "db-0", "namespace": "shop"}, "status": {"phase": "Running"}}
+    view = node_pod(db)
+    assert view.evicted_by_taint() and not view.worker and view.ref == "shop/db-0"
+
+
+def test_worker_pod_on_a_node_with_its_lease() -> None:
+    worker = {
+        "metadata": {
+            "name": "events-p1-e3",
+            "namespace": "ns",
+            "labels": {
+                "app.kubernetes.io/component": "worker",
+                "dedup.io/pipeline": "events",
+                "dedup.io/partition": "1",
+            },
+        }
+    }
+    assert worker_lease_name(worker) == "events-p1"
+    assert worker_lease_name({"metadata": {"name": "x", "labels": {}}}) is None
+    lease = {"spec": {"holderIdentity": "events-p1-e3", "leaseTransitions": 3}}
+    view = node_pod(worker, lease, worker=True)
+    assert view.worker and view.worker_lease is not None and view.worker_lease.epoch == 3
+
+
+def test_pod_view_reads_the_schedulers_reason() -> None:
+    pod = {
+        "metadata": {"name": "events-p0-e2"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                    "lastTransitionTime": "2026-11-22T10:00:00Z",
+                }
+            ],
+        },
+    }
+    view = pod_view(pod, 2)
+    assert view.unschedulable == "0/3 nodes are available: 3 Insufficient cpu."
+    assert view.unschedulable_since == datetime(2026, 11, 22, 10, tzinfo=UTC)
+    assert pod_view({"metadata": {"name": "x"}}, 1).unschedulable is None

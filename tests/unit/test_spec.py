@@ -129,6 +129,14 @@ def test_full_spec_parses_into_typed_values() -> None:
     assert dict(spec.worker.resources.requests) == {"cpu": "500m", "memory": "512Mi"}  # defaults
 
 
+def test_external_release_and_schedule_timeout() -> None:
+    spec = parse({**MINIMAL, "failover": {"releaseVolume": "External", "scheduleTimeout": "90s"}})
+    policy = spec.failover.policy()
+    assert policy.release_volume is ReleaseVolume.EXTERNAL
+    assert policy.schedule_timeout == timedelta(seconds=90)
+    assert parse(MINIMAL).failover.policy().schedule_timeout == timedelta(minutes=2)
+
+
 @pytest.mark.parametrize(
     ("cpu", "threads"), [("500m", 1), ("1", 1), ("2", 2), ("2.5", 3), ("100", 64)]
 )

@@ -40,3 +40,20 @@ def test_partition_entry_leaves_out_unknowns() -> None:
         "pod": "e-p0-e1",
         "node": "node-a",
     }
+
+
+def test_failing_over_condition_says_how_the_volume_is_released() -> None:
+    from dataclasses import replace
+
+    from dedup_operator.status import summary_conditions
+
+    why = "not tainting node node-a out-of-service: it would evict shop/db-0"
+    moving = replace(
+        part(0, False),
+        handover={"reason": "NodeLost", "release": "TaintBlocked", "releaseWhy": why},
+    )
+    conditions = summary_conditions(
+        [moving, part(1, True)], 2, Condition("TopicReady", True, "TopicFound"), [], True
+    )
+    failing = next(c for c in conditions if c.type == "FailingOver")
+    assert failing.status and failing.message == f"p0 (NodeLost): {why}"
