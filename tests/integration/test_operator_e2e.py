@@ -6,7 +6,10 @@ process, and an independent reader of the output (read_committed).
 - node loss during traffic: the partition moves to another node on the same volume,
   store intact, output exact;
 - the operator killed in the middle of a failover and restarted: the failover completes
-  once.
+  once;
+- never harm a neighbour: a lost node that runs another workload is not tainted (the
+  partition waits for the detach instead); a node healed after its worker was fenced is
+  released gracefully, never tainted.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from dedup_operator.observed import parse_time
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
-from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.operator_helpers import (
+    condition,
+    events,
+    get_pipeline,
+    running_operator,
+    wait_for,
+    wait_for_event,
+)
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, output_ids
 
@@ -509,23 +519,95 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
             _wait_untainted(local_cluster, cut)
 
 
+def _taints(local_cluster: LocalCluster, node_name: str) -> set[str]:
+    node = client.CoreV1Api(local_cluster.api_client()).read_node(node_name)
+    return {t.key for t in node.spec.taints or []}
+
+
+class TaintWatch:
+    """Polls a node's taints in a thread: was it ever tainted out-of-service?"""
+
+    def __init__(self, local_cluster: LocalCluster, node_name: str) -> None:
+        self.local_cluster, self.node_name = local_cluster, node_name
+        self.seen = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                if OUT_OF_SERVICE in _taints(self.local_cluster, self.node_name):
+                    self.seen = True
+            except Exception:  # a failed read is no evidence either way
+                continue
+
+    def __enter__(self) -> TaintWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
+
+def _neighbour(local_cluster: LocalCluster, ns: str, node_name: str) -> str:
+    """Another team's workload on `node_name`: a plain `sleep` pod (busybox; the node runs
+    `sleep` from the host), bound to the node, tolerating the node's unreachable and
+    not-ready taints for ever (as a pod with local data may), so that no controller
+    evicts it when the node is lost; only an out-of-service taint would."""
+    name = "neighbour"
+    tolerate = [
+        {"key": key, "operator": "Exists", "effect": "NoExecute"}
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    client.CoreV1Api(local_cluster.api_client()).create_namespaced_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node_name,
+                "tolerations": tolerate,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "main", "image": "busybox", "command": ["sleep", "100000"]}
+                ],
+            },
+        },
+    )
+
+    def running() -> bool:
+        pod = client.CoreV1Api(local_cluster.api_client()).read_namespaced_pod(name, ns)
+        return pod.status.phase == "Running"
+
+    wait_for(running, 60, f"pod {name} Running on {node_name}")
+    return name
+
+
 @pytest.mark.slow
-def test_wait_for_detach_moves_the_partition_without_tainting(
+def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_detach(
     local_cluster: LocalCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
-    """`failover.releaseVolume: WaitForDetach` (for clusters where the operator may not
-    taint nodes): the operator force-deletes only its own pod and waits out the
-    attach/detach controller's own force-detach (6 minutes, hard-coded), never creating
-    the replacement while the old VolumeAttachment exists. Slow by nature."""
+    """The default `releaseVolume: OutOfServiceTaint` on a lost node that also runs
+    another workload (a plain pod): the operator does not taint the node (the taint would
+    evict that pod and force-detach its volumes), says so naming the node and the pod,
+    force-deletes only its own pod and waits out the attach/detach controller's own
+    force-detach: its maxWaitForUnmountDuration, 6 minutes hard-coded in
+    kube-controller-manager (no flag; ClusterTimings has no setting for it). Then the
+    partition moves, the output is exact, and the other pod was never evicted. This is
+    also the `WaitForDetach` path (the same action). Slow by nature: about 7 minutes."""
     ns = cluster_namespace.name
     api = local_cluster.api_client()
     topic = topics(kafka, new_topic, 1)
     body = pipeline_body("events", kafka.bootstrap, topic, 1, local_cluster.storage_class)
-    body["spec"]["failover"]["releaseVolume"] = "WaitForDetach"
     lost: str | None = None
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
         client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -534,32 +616,47 @@ def test_wait_for_detach_moves_the_partition_without_tainting(
         ready_pipeline(api, ns, "events", 1)
         traffic = Traffic(kafka.bootstrap, topic, 1)
         try:
+            before = partition_entry(api, ns, "events", 0)
+            lost = before["node"]
+            neighbour = _neighbour(local_cluster, ns, lost)
             for _ in range(4):
                 traffic.batch()
             assert_output_exact(kafka.bootstrap, topic, traffic)
-            before = partition_entry(api, ns, "events", 0)
-            lost = before["node"]
             killed_at = time.monotonic()
-            local_cluster.kill(lost)
+            with TaintWatch(local_cluster, lost) as watch:
+                local_cluster.kill(lost)
 
-            def moved() -> dict[str, Any] | None:
-                e = partition_entry(api, ns, "events", 0)
-                if e.get("node") not in (None, lost) and e.get("ready") and not e.get("handover"):
-                    return e
-                return None
+                def blocked() -> dict[str, Any] | None:
+                    c = condition(get_pipeline(api, ns, "events"), "FailingOver")
+                    return c if c and "not tainting" in c["message"] else None
 
-            after = wait_for(moved, 600, "partition 0 to move after the force-detach", every=2)
+                failing = wait_for(blocked, 90, "the operator to say the taint is blocked")
+                print(f"FailingOver: {failing['message']}")
+                assert f"node {lost}" in failing["message"]
+                assert f"{ns}/{neighbour}" in failing["message"]
+                warned = wait_for_event(api, ns, "events", "Warning", "OutOfServiceTaintBlocked")
+                assert f"{ns}/{neighbour}" in warned[0] and lost in warned[0], warned
+
+                def moved() -> dict[str, Any] | None:
+                    e = partition_entry(api, ns, "events", 0)
+                    ok = e.get("node") not in (None, lost) and e.get("ready")
+                    return e if ok and not e.get("handover") else None
+
+                try:
+                    after = wait_for(moved, 600, "partition 0 to move after the force-detach", 2)
+                except AssertionError:
+                    _dump(local_cluster, ns)
+                    raise
             took = time.monotonic() - killed_at
             last = after.get("lastHandover") or {}
-            print(
-                f"WaitForDetach: moved to {after['node']} after {took:.0f}s; steps {last.get('steps')}"
-            )
-            node = client.CoreV1Api(api).read_node(lost)
-            assert "node.kubernetes.io/out-of-service" not in {
-                t.key for t in node.spec.taints or []
-            }
+            print(f"moved to {after['node']} after {took:.0f}s; steps {last.get('steps')}")
+            assert not watch.seen, f"{lost} was tainted out-of-service"
+            assert last["release"] == "TaintBlocked", last
             assert after["epoch"] == before["epoch"] + 1
             assert last["steps"]["detached"] > 300  # the controller's own 6 minutes
+            other = client.CoreV1Api(api).read_namespaced_pod(neighbour, ns)
+            assert other.metadata.deletion_timestamp is None, "the neighbour was evicted"
+            assert other.spec.node_name == lost
             for _ in range(2):
                 traffic.batch()
             traffic.close()
@@ -568,3 +665,78 @@ def test_wait_for_detach_moves_the_partition_without_tainting(
             traffic.close()
             if lost is not None:
                 local_cluster.restart(lost)
+
+
+def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainted(
+    local_cluster: LocalCluster,
+    cluster_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """`partition(node)` during traffic until the operator has fenced the old worker (its
+    Lease ran out), then `heal`: the node is Ready again, so the volume is released the
+    normal way (graceful delete, the node unmounts, the volume detaches) and the node is
+    never tainted. `releaseVolume: External` (never taint; wait for someone else's taint)
+    holds the handover at the release step, so the heal lands after fencing every time."""
+    ns = cluster_namespace.name
+    api = local_cluster.api_client()
+    topic = topics(kafka, new_topic, 2)
+    body = pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class)
+    body["spec"]["failover"]["releaseVolume"] = "External"
+    cut: str | None = None
+    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns, names.PLURAL, body
+        )
+        ready_pipeline(api, ns, "events", 2)
+        traffic = Traffic(kafka.bootstrap, topic, 2)
+        try:
+            with traffic.running():
+                wait_for(
+                    lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 300,
+                    90,
+                    "partition 0's worker to publish some output",
+                    every=1,
+                )
+                before = partition_entry(api, ns, "events", 0)
+                cut = before["node"]
+                with TaintWatch(local_cluster, cut) as watch:
+                    local_cluster.partition(cut)
+                    t0 = time.monotonic()
+
+                    def fenced() -> dict[str, Any] | None:
+                        h = partition_entry(api, ns, "events", 0).get("handover") or {}
+                        return h if "fenced" in (h.get("steps") or {}) else None
+
+                    h = wait_for(fenced, 90, "the operator to fence the old worker", every=0.2)
+                    assert h.get("release") == "External", h
+                    local_cluster.heal(cut)
+                    print(f"healed {cut} {time.monotonic() - t0:.1f}s after the cut: {h}")
+
+                    def moved() -> dict[str, Any] | None:
+                        e = partition_entry(api, ns, "events", 0)
+                        ok = e.get("ready") and e.get("epoch") == before["epoch"] + 1
+                        return e if ok and not e.get("handover") else None
+
+                    try:
+                        after = wait_for(moved, 120, "partition 0's replacement", every=0.5)
+                    except AssertionError:
+                        _dump(local_cluster, ns)
+                        raise
+                    sent = traffic.sent
+                    wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
+            last = after.get("lastHandover") or {}
+            print(f"moved to {after['node']}; handover {last}")
+            assert not watch.seen, f"{cut} was tainted out-of-service"
+            assert OUT_OF_SERVICE not in _taints(local_cluster, cut)
+            assert last["release"] == "Graceful", last
+            assert f"node {cut} is Ready again" in last["releaseWhy"]
+            assert set(last["steps"]) == {"fenced", "released", "detached", "started", "ready"}
+            reasons = [e[1] for e in events(api, ns, "events")]
+            assert "ReleasedGracefully" in reasons and "NodeOutOfService" not in reasons
+            assert reasons.count("FailoverCompleted") == 1, reasons
+            assert_output_exact(kafka.bootstrap, topic, traffic)
+        finally:
+            if cut is not None:
+                local_cluster.heal(cut)

@@ -8,7 +8,8 @@ cluster's end-to-end tests run real ones); what is tested is what the operator d
 node lost -> decision recorded -> Lease expired -> node tainted out-of-service ->
 old pod force-deleted by pod GC -> replacement (next epoch) on another node -> Ready ->
 handover recorded with its steps; the taint is removed once the node is back. Killed
-in the middle and restarted, the operator completes the failover once.
+in the middle and restarted, the operator completes the failover once. A pipeline
+deleted while its lost node is tainted lifts its taint (and only its own).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from dedup_local.kafka import KafkaBroker
 from dedup_operator import names
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_operator.kube import Kube
 from dedup_operator.observed import format_micro_time, parse_time
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
@@ -411,3 +413,79 @@ def test_spec_change_rolls_one_partition_at_a_time(
     # one partition at a time: each roll completes before the next starts
     assert [r for r, _ in rolls] == ["RollStarted", "RollCompleted"] * 2, rolls
     assert rolls[0][1] == rolls[1][1] and rolls[2][1] == rolls[3][1] != rolls[0][1], rolls
+
+
+def test_pipeline_deleted_while_its_node_is_tainted_lifts_its_taint_only(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kubelets: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """The lost node is tainted out-of-service and marked with the pipeline (node
+    annotation); the pipeline carries the finalizer dedup.io/out-of-service-taints while
+    it relies on the taint. Deleted with the node still lost, the pipeline lifts its
+    taint and goes. An out-of-service taint an administrator set (no mark) is never
+    claimed nor removed by the operator's calls."""
+    ns, api = kube_namespace, kube_namespace.api_client
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    topic = new_topic(partitions=2)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log", interval=0.5):
+        custom.create_namespaced_custom_object(
+            names.GROUP,
+            names.VERSION,
+            ns.name,
+            names.PLURAL,
+            pipeline(kafka.bootstrap, topic, kubelets.label),
+        )
+
+        def ready() -> bool:
+            p = get_pipeline(api, ns.name, "events") or {}
+            return (p.get("status") or {}).get("readyPartitions") == 2
+
+        wait_for(ready, 90, "both partitions Ready")
+        lost = entry(api, ns.name, 0)["node"]
+        kubelets.lose(lost)
+        wait_for(lambda: OUT_OF_SERVICE_TAINT in taints(api, lost), 90, "the taint on the node")
+        mark = core.read_node(lost).metadata.annotations or {}
+        assert mark.get(names.ANNOTATION_TAINT_BY) == f"{ns.name}/events", mark
+        found = get_pipeline(api, ns.name, "events") or {}
+        assert names.FINALIZER_TAINTS in found["metadata"].get("finalizers", [])
+
+        custom.delete_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns.name, names.PLURAL, "events"
+        )
+        wait_for(lambda: get_pipeline(api, ns.name, "events") is None, 30, "the pipeline gone")
+        assert OUT_OF_SERVICE_TAINT not in taints(api, lost)
+        mark = core.read_node(lost).metadata.annotations or {}
+        assert names.ANNOTATION_TAINT_BY not in mark, mark
+        assert ("Normal", "NodeBackInService") in {
+            (t, r) for t, r, m in events(api, ns.name, "events") if "pipeline deleted" in m
+        }
+
+    # An administrator's taint: the operator neither claims nor removes it.
+    admin = kubelets.nodes[1] if lost == kubelets.nodes[0] else kubelets.nodes[0]
+    kube = Kube(api)
+    node = core.read_node(admin)
+    core.patch_node(
+        admin,
+        {
+            "spec": {
+                "taints": [
+                    *[t.to_dict() for t in node.spec.taints or []],
+                    {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"},
+                ]
+            }
+        },
+    )
+    assert not kube.taint_out_of_service(admin, f"{ns.name}/events")
+    assert not kube.release_out_of_service(admin, f"{ns.name}/events")
+    assert OUT_OF_SERVICE_TAINT in taints(api, admin)
+    assert names.ANNOTATION_TAINT_BY not in (core.read_node(admin).metadata.annotations or {})
+    # two pipelines on one node: the taint stays until the last mark is lifted
+    assert kube.taint_out_of_service(lost, "a/one") and kube.taint_out_of_service(lost, "b/two")
+    assert not kube.release_out_of_service(lost, "a/one")
+    assert OUT_OF_SERVICE_TAINT in taints(api, lost)
+    assert kube.release_out_of_service(lost, "b/two")
+    assert OUT_OF_SERVICE_TAINT not in taints(api, lost)
