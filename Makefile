@@ -6,7 +6,7 @@ export DEDUP_CACHE ?= $(HOME)/.cache/dedup-operator
 VENV := $(DEDUP_CACHE)/venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-python setup-kafka setup-spark setup-kube test test-unit test-integration lint demo bench clean-cache
+.PHONY: setup setup-python setup-kafka setup-spark setup-kube test test-unit test-integration lint demo bench clean-cache install.yaml
 
 setup: setup-python setup-kafka setup-spark setup-kube
 
@@ -34,6 +34,10 @@ test-unit: setup-python
 
 test-integration: setup
 	@$(PY) -m pytest -m integration tests
+
+# install.yaml for `kubectl apply` users: the chart rendered with its default values
+install.yaml: setup-python setup-kube
+	@$(PY) -m dedup_local.chart install.yaml
 
 demo: setup
 	@bash scripts/demo.sh

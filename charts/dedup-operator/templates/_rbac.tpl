@@ -1,0 +1,92 @@
+{{/*
+What the operator calls, derived from operator/dedup_operator/*.py (the README's RBAC
+table and tests/integration/test_chart_rbac.py list the same rows). Verbs marked
+"granted on" are ones the operator does not call itself but grants in the Roles it
+creates: Kubernetes refuses to create a Role or RoleBinding with permissions its
+creator does not hold (escalation prevention), and the operator holds no escalate/bind.
+*/}}
+
+{{/* Rules in each watched namespace (a Role there, or the ClusterRole with -A). */}}
+{{- define "dedup-operator.namespacedRules" -}}
+# kopf watches and patches (finalizer, annotations); reconcile reads; preflight lists
+- apiGroups: [dedup.io]
+  resources: [deduppipelines]
+  verbs: [get, list, watch, patch]
+# kube.patch_status
+- apiGroups: [dedup.io]
+  resources: [deduppipelines/status]
+  verbs: [patch]
+# kube.event: the pipeline's Events
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# worker pods: create, list, delete (force on failover); get/watch/patch/deletecollection
+# are granted on in the audit Role (the Spark driver manages its executor pods)
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete, deletecollection, patch]
+# the partitions' volumes: ensure, list, resize, drop the owner reference (retainOnDelete)
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, create, patch]
+# the workers' headless metrics Service; delete/deletecollection granted on (audit Role)
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create, delete, deletecollection]
+# the workers' and the audit's ServiceAccounts (the audit's deleted with its spec)
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, delete]
+# the audit result ConfigMap: read, add the owner reference; the rest granted on (audit Role)
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, update, patch, delete, deletecollection]
+# kafka.securityRef: the Kafka client settings for the input-topic check (get only)
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# the partitions' Leases: ensure, list; update/patch granted on (worker Role)
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, create, update, patch]
+# the workers' PodDisruptionBudget
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create]
+# the worker and audit Roles: ensure, keep their rules in step (patch), delete the audit's
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  verbs: [get, create, delete]
+# the scheduled audit without the Spark operator
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, create, update, delete]
+# the scheduled audit under the Spark operator, and its runs' state
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [scheduledsparkapplications]
+  verbs: [get, create, update, delete]
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications]
+  verbs: [list]
+{{- end }}
+
+{{/* Cluster-scoped things, needed in either scope. */}}
+{{- define "dedup-operator.clusterRules" -}}
+# observe: every pass reads the nodes; failover taints a lost node out-of-service and
+# lifts its own taint (read, then a compare-and-set patch)
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, patch]
+# observe: never start a replacement while the old volume is attached
+- apiGroups: [storage.k8s.io]
+  resources: [volumeattachments]
+  verbs: [list]
+# kube.has_crd: is the Spark operator installed (ScheduledSparkApplication or CronJob)
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  resourceNames: [scheduledsparkapplications.sparkoperator.k8s.io]
+  verbs: [get]
+{{- end }}
