@@ -1,8 +1,9 @@
 """What to do next for one partition, decided from what the cluster holds.
 
 Pure: no API calls, no clock reads. The operator's reconcile loop observes a partition
-(its pods, their nodes, its Lease, the VolumeAttachments of its volume and the handover
-in progress recorded in the pipeline's status), calls `partition_action`, persists the
+(its pods, their nodes, with every pod bound to a lost node it may taint, its Lease, the
+VolumeAttachments of its volume and the handover in progress recorded in the pipeline's
+status), calls `partition_action`, persists the
 returned handover record *before* acting, and then carries out the one action. Calling it
 again with the same observation returns the same answer, so an operator killed at any
 point resumes from what the cluster holds.
@@ -15,7 +16,9 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
 2. **released** - the old pod is gone. How (recorded as the handover's `release`):
                   - `Graceful`: the old node is Ready again (it healed after its worker
                     fenced): the old pod is deleted gracefully, the node unmounts and the
-                    volume detaches the normal way. A Ready node is never tainted;
+                    volume detaches the normal way, and the Lease is waited for again
+                    (the old pod may have run again meanwhile). A Ready node is never
+                    tainted;
                   - `OutOfServiceTaint` (policy of that name): the lost node gets the
                     `node.kubernetes.io/out-of-service` taint (Kubernetes' non-graceful
                     node shutdown) and the operator force-deletes the pod, as pod GC would
@@ -30,7 +33,8 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
                     runs on the node (or its pods could not be listed): no taint; the
                     operator force-deletes only its own pod and waits for the attach/detach
                     controller's own force-detach (6 minutes), naming the blocking pods;
-                  - `WaitForDetach` (policy): the same without looking for a taint;
+                  - `WaitForDetach` (policy): the same without looking for a taint (and
+                    whatever the policy, when the Node object was deleted);
                   - `External` (policy): the operator never taints; it waits for someone
                     else's out-of-service taint (a node remediation controller, a person),
                     then force-deletes its pod. Degraded after `detach_timeout`.
