@@ -1,11 +1,22 @@
 # One image with every entry point: dedup-worker, dedup-operator, dedup-reconcile,
-# dedup-backfill, dedupctl; `dedup-entrypoint executor` makes it a Spark executor image too.
-# Non-root, slim; Java only for the Spark jobs (headless JRE from Debian).
-# Checked without a Docker engine by tests/unit/test_dockerfile.py.
+# dedup-backfill, dedupctl; `dedup-entrypoint driver|executor` makes it a Spark image too
+# (as Spark's own image does). What production runs and nothing else: no test harness.
+#
+# - Non-root: UID/GID 65532 (user `dedup`, home /home/dedup), the same UID the operator
+#   puts in the pods' securityContext (dedup_operator.names.RUN_AS_USER).
+# - Works with a read-only root filesystem: the writable paths are volumes (the store
+#   at /var/lib/dedup, scratch at /tmp); nothing is written under /opt or $HOME.
+# - Java only for the Spark jobs (Debian's headless JRE).
+#
+# The base images are build arguments whose defaults are the official images. Where no
+# registry is reachable, `make setup-image` (local/dedup_local/image.py) builds
+# equivalent bases from Debian packages and passes them here with --build-arg.
+ARG MAVEN_IMAGE=maven:3.9.9-eclipse-temurin-17
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # Spark's Kafka source and what pyspark does not bundle, by Maven coordinates from Maven
 # Central (the same set scripts/setup-spark.sh caches for local runs).
-FROM maven:3.9.9-eclipse-temurin-17 AS spark-jars
+FROM ${MAVEN_IMAGE} AS spark-jars
 RUN for a in org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \
              org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0 \
              org.apache.kafka:kafka-clients:3.9.0 \
@@ -14,36 +25,44 @@ RUN for a in org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \
         -Dartifact="$a" -DoutputDirectory=/jars || exit 1; \
     done
 
-FROM python:3.11-slim-bookworm AS build
+FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md versions.env ./
+# The dependencies first, in their own layer (a code change does not re-install them):
+# the project's metadata with empty package folders installs exactly its requirements.
+COPY pyproject.toml ./
+RUN mkdir operator worker spark && touch README.md \
+ && python3 -m venv /opt/dedup \
+ && /opt/dedup/bin/pip install ".[spark]" \
+ && /opt/dedup/bin/pip uninstall -y dedup-operator \
+ && rm -rf operator worker spark README.md
+COPY README.md versions.env ./
 COPY operator ./operator
 COPY worker ./worker
 COPY spark ./spark
-COPY local ./local
-RUN python -m venv /opt/dedup \
- && /opt/dedup/bin/pip install --upgrade pip \
- && /opt/dedup/bin/pip install ".[spark]"
+RUN /opt/dedup/bin/pip install --no-deps . \
+ && /opt/dedup/bin/python -m compileall -q /opt/dedup/lib
 
-FROM python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
  && rm -rf /var/lib/apt/lists/* \
- && groupadd --system --gid 10001 dedup \
- && useradd --system --uid 10001 --gid dedup --home-dir /home/dedup --create-home dedup \
- && mkdir -p /var/lib/dedup && chown dedup:dedup /var/lib/dedup
-COPY --from=build /opt/dedup /opt/dedup
+ && groupadd --gid 65532 dedup \
+ && useradd --uid 65532 --gid 65532 --no-log-init --home-dir /home/dedup --create-home \
+      --shell /usr/sbin/nologin dedup \
+ && mkdir -p /var/lib/dedup && chown 65532:65532 /var/lib/dedup
 COPY --from=spark-jars /jars /opt/dedup/spark-jars
+COPY --from=build /opt/dedup /opt/dedup
 ENV PATH=/opt/dedup/bin:$PATH \
     DEDUP_SPARK_JARS=/opt/dedup/spark-jars \
     PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
     DEDUP_STORE_PATH=/var/lib/dedup/store \
     DEDUP_METRICS_PORT=9400
-USER 10001:10001
+USER 65532:65532
 WORKDIR /home/dedup
 EXPOSE 9400
-# Like Spark's image: `executor` starts a Spark executor (the pods a driver creates),
-# anything else runs as given.
+# Like Spark's image: `driver` and `executor` start Spark's driver (spark-submit in client
+# mode, as cluster mode's driver pod does) and executor; anything else runs as given.
 ENTRYPOINT ["/usr/bin/tini", "--", "dedup-entrypoint"]
 CMD ["dedup-worker", "--help"]

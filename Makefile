@@ -6,9 +6,9 @@ export DEDUP_CACHE ?= $(HOME)/.cache/dedup-operator
 VENV := $(DEDUP_CACHE)/venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-python setup-kafka setup-spark setup-kube test test-unit test-integration lint demo bench clean-cache install.yaml
+.PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-image test test-unit test-integration lint demo bench clean-cache install.yaml
 
-setup: setup-python setup-kafka setup-spark setup-kube
+setup: setup-python setup-kafka setup-spark setup-kube setup-image
 
 setup-python:
 	@bash scripts/setup-python.sh
@@ -21,6 +21,10 @@ setup-spark: setup-python
 
 setup-kube:
 	@bash scripts/setup-kube.sh
+
+# The image from the Dockerfile (podman, on bases made from Debian packages).
+setup-image: setup-python
+	@bash scripts/setup-image.sh
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,5 +1,14 @@
 """`dedup-entrypoint`: the image's entrypoint, as the official Spark image's is.
 
+`dedup-entrypoint driver <spark-submit args>` starts a Spark driver the way that script
+does for the driver pod of cluster mode (`args: ["driver", "--properties-file", ...,
+"--class", ..., <app>]`): pyspark's own `spark-submit` in client mode, bound to the pod's
+address (`SPARK_DRIVER_BIND_ADDRESS`, set by Spark from status.podIP):
+
+    spark-submit --conf spark.driver.bindAddress=$SPARK_DRIVER_BIND_ADDRESS
+      --conf spark.executorEnv.SPARK_DRIVER_POD_IP=$SPARK_DRIVER_BIND_ADDRESS
+      --deploy-mode client <args>
+
 `dedup-entrypoint executor` starts a Spark executor the way Spark's
 `kubernetes/dockerfiles/spark/entrypoint.sh` does for the pods a Kubernetes driver
 creates (`args: ["executor"]` and the `SPARK_*` environment it sets):
@@ -14,7 +23,7 @@ creates (`args: ["executor"]` and the `SPARK_*` environment it sets):
 with the jars of the pip-installed pyspark (they include `spark-kubernetes`), and this
 interpreter for the executor's Python workers. Anything else is run as given (the
 official image's pass-through), so `dedup-entrypoint dedup-worker ...` works too.
-Exit codes: the executor's or the command's own; 2 if the executor's environment is
+Exit codes: the driver's, executor's or command's own; 2 if the environment is
 incomplete (one line says what is missing).
 """
 
@@ -98,6 +107,22 @@ def executor_command(env: Mapping[str, str], home: Path, java: str) -> list[str]
     ]
 
 
+def driver_command(env: Mapping[str, str], home: Path, args: Sequence[str]) -> list[str]:
+    """The driver's command line from its pod environment and arguments (pure)."""
+    bind = env.get("SPARK_DRIVER_BIND_ADDRESS")
+    if not bind:
+        raise EntrypointError("driver environment lacks SPARK_DRIVER_BIND_ADDRESS")
+    if not args:
+        raise EntrypointError("driver needs spark-submit arguments (an application)")
+    return [
+        str(home / "bin" / "spark-submit"),
+        *("--conf", f"spark.driver.bindAddress={bind}"),
+        *("--conf", f"spark.executorEnv.SPARK_DRIVER_POD_IP={bind}"),
+        *("--deploy-mode", "client"),
+        *args,
+    ]
+
+
 def find_java(env: Mapping[str, str]) -> str:
     if env.get("JAVA_HOME"):
         candidate = Path(env["JAVA_HOME"]) / "bin" / "java"
@@ -115,8 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not args:
-        print("usage: dedup-entrypoint executor | <command> [args...]", file=sys.stderr)
+        print(
+            "usage: dedup-entrypoint driver <spark-submit args> | executor | <command> [args...]",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
+    if args[0] == "driver":
+        return _driver(args[1:])
     if args[0] != "executor":
         program = shutil.which(args[0]) or args[0]
         try:
@@ -135,6 +165,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The executor's Python workers run this interpreter (the project's environment).
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     log.info("starting executor %s of %s", env["SPARK_EXECUTOR_ID"], env["SPARK_APPLICATION_ID"])
+    os.execvpe(command[0], command, env)
+
+
+def _driver(args: Sequence[str]) -> int:
+    env = dict(os.environ)
+    try:
+        home = spark_home()
+        command = driver_command(env, home, args)
+        env.setdefault("JAVA_HOME", str(Path(find_java(env)).resolve().parents[1]))
+    except EntrypointError as exc:
+        log.error("cannot start the driver: %s", exc)
+        return EXIT_CONFIG
+    env.setdefault("SPARK_HOME", str(home))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    log.info("starting the driver: spark-submit %s", " ".join(args))
     os.execvpe(command[0], command, env)
 
 

@@ -14,14 +14,18 @@ Environment of a driver pod (set by the operator's CronJob from the downward API
 
 The Kafka connector jars go on `spark.jars` (the driver serves them to executors):
 from the directory `DEDUP_SPARK_JARS` (the image's), else the local cache that
-`make setup-spark` fills.
+`make setup-spark` fills. `local[N]` sessions are built by `local_session` (the image
+runs them too, so it needs nothing of the checkout's harness).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -128,16 +132,21 @@ def _pod_prefix(driver_pod: str) -> str:
 
 
 def kafka_jars(env: Mapping[str, str]) -> list[Path]:
-    """The Kafka connector jars: `DEDUP_SPARK_JARS` (a directory), else the local cache."""
+    """The Kafka connector jars: `DEDUP_SPARK_JARS` (a directory; the image sets it), else,
+    in a checkout, the local cache that `make setup-spark` fills."""
     directory = env.get(JARS_ENV)
     if directory:
         jars = sorted(Path(directory).glob("*.jar"))
         if not any(j.name.startswith("spark-sql-kafka") for j in jars):
             raise SessionError(f"{JARS_ENV}={directory} holds no spark-sql-kafka jar")
         return jars
-    from dedup_local.paths import MissingArtifact
-    from dedup_local.spark import spark_kafka_jars
-
+    try:
+        from dedup_local.paths import MissingArtifact
+        from dedup_local.spark import spark_kafka_jars
+    except ImportError:  # installed without the checkout's harness, outside the image
+        raise SessionError(
+            f"{JARS_ENV} is not set: name the directory of Spark's Kafka source jars"
+        ) from None
     try:
         return spark_kafka_jars()
     except MissingArtifact as exc:
@@ -169,12 +178,11 @@ def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
     # PySpark takes its Python workers' interpreter from here (also on executors).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not settings.on_kubernetes:
-        from dedup_local.spark import local_spark_session
-
         conf = {"spark.driver.memory": settings.driver_memory, **JOB_CONF, **settings.conf}
+        jars = kafka_jars(os.environ)
         try:
-            return local_spark_session(app_name, settings.master, conf=conf)
-        except Exception as exc:  # MissingArtifact, or the JVM refusing
+            return local_session(app_name, settings.master, jars, conf=conf)
+        except Exception as exc:  # the JVM refusing
             raise SessionError(str(exc)) from None
 
     from pyspark.sql import SparkSession
@@ -198,6 +206,72 @@ def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
     conf.update(settings.conf)
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def local_session(
+    app_name: str,
+    master: str,
+    jars: Sequence[Path],
+    *,
+    conf: Mapping[str, str] | None = None,
+    work_dir: Path | None = None,
+) -> SparkSession:
+    """A `local[N]` SparkSession that can read and write Kafka (`format("kafka")`).
+
+    Small shuffle partitions, no UI, loopback only (sets SPARK_LOCAL_IP if unset), a
+    temporary warehouse and scratch directory (removed at exit unless `work_dir` is
+    given), and Python workers running this interpreter (so UDFs can import the project).
+    `conf` adds or overrides settings (`spark.driver.extraJavaOptions` is added to the
+    scratch directory's option). One JVM per process: a session already running must
+    have the same jars.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        have = active.sparkContext.getConf().get("spark.jars", "") or ""
+        if not all(str(j) in have for j in jars):
+            raise RuntimeError(
+                "a SparkSession without the Kafka source jars is already running in this "
+                "process; stop it first"
+            )
+        return active
+
+    if work_dir is None:
+        work_dir = Path(tempfile.mkdtemp(prefix="dedup-spark-"))
+        atexit.register(shutil.rmtree, work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    settings: dict[str, str] = {
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.sql.shuffle.partitions": "4",
+        "spark.default.parallelism": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        # Scratch space (spark.local.dir defaults to java.io.tmpdir in local mode).
+        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={work_dir / 'tmp'}",
+    }
+    extra = dict(conf or {})
+    java_options = extra.pop("spark.driver.extraJavaOptions", "")  # added to, not replacing
+    settings["spark.driver.extraJavaOptions"] += f" {java_options}".rstrip()
+    settings.update(extra)
+    (work_dir / "tmp").mkdir(exist_ok=True)
+    # Loopback only, and no "hostname resolves to a loopback address" warning.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # PySpark takes the Python of its UDF workers from this variable, not from
+    # spark.pyspark.python: without it they run a bare python3 that lacks the project.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

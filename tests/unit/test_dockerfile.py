@@ -1,4 +1,5 @@
-"""What can be checked of the Dockerfile without a Docker engine."""
+"""What can be checked of the Dockerfile by reading it (tests/integration/test_image.py
+builds and runs it)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,40 @@ def test_java_only_as_a_headless_runtime() -> None:
     assert "jdk " not in DOCKERFILE.replace("openjdk-17-jre-headless", "")
 
 
-def test_base_images_are_pinned_to_a_release() -> None:
+def test_base_images_are_build_arguments_defaulting_to_pinned_releases() -> None:
+    defaults = {
+        name: value
+        for word, rest in instructions()
+        if word == "ARG" and "=" in rest
+        for name, value in [rest.split("=", 1)]
+    }
     for word, rest in instructions():
         if word == "FROM":
             image = rest.split()[0]
+            if image.startswith("${"):
+                image = defaults[image[2:-1]]
             assert ":" in image and not image.endswith(":latest"), image
+    assert defaults["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    assert defaults["MAVEN_IMAGE"].startswith("maven:")
+
+
+def test_the_image_user_is_the_pods_user() -> None:
+    from dedup_operator.names import RUN_AS_USER
+
+    users = [rest for word, rest in instructions() if word == "USER"]
+    assert users[-1] == f"{RUN_AS_USER}:{RUN_AS_USER}"
+    assert f"--uid {RUN_AS_USER} --gid {RUN_AS_USER}" in DOCKERFILE
+
+
+def test_the_build_context_holds_no_test_harness() -> None:
+    from dedup_local.image import context_files
+
+    files = {str(p.relative_to(ROOT)) for p in context_files(ROOT)}
+    assert "pyproject.toml" in files and "worker/dedup_worker/loop.py" in files
+    for prefix in ("local/", "tests/", "bench/", "scripts/", ".git/", "crds/"):
+        assert not any(f.startswith(prefix) for f in files), prefix
+    assert not any("__pycache__" in f for f in files)
+    assert "COPY local" not in DOCKERFILE
 
 
 def test_the_entrypoint_runs_spark_executors_with_the_kafka_jars() -> None:

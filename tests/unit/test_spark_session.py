@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from dedup_spark.entrypoint import EXECUTOR_BACKEND, EntrypointError, executor_command, java_options
+from dedup_spark.entrypoint import (
+    EXECUTOR_BACKEND,
+    EntrypointError,
+    driver_command,
+    executor_command,
+    java_options,
+)
 from dedup_spark.session import SessionError, SparkSettings, kubernetes_conf
 from dedup_spark.worker_daemon import short_path
 
@@ -107,3 +113,23 @@ def test_python_workers_drop_the_zips_and_jars_only_when_pyspark_is_installed(
     spark_path = ["/spark/python/lib/pyspark.zip", "/spark/jars/spark-core_2.13-4.0.0.jar"]
     assert short_path([*spark_path, str(installed)]) == [str(installed)]
     assert short_path([*spark_path, str(tmp_path)]) == [*spark_path, str(tmp_path)]
+
+
+def test_the_driver_command_is_the_official_images_client_mode_submit() -> None:
+    env = {"SPARK_DRIVER_BIND_ADDRESS": "10.1.2.3"}
+    args = ["--properties-file", "/opt/spark/conf/spark.properties", "local:///app.py"]
+    cmd = driver_command(env, Path("/venv/pyspark"), args)
+    assert cmd == [
+        "/venv/pyspark/bin/spark-submit",
+        *("--conf", "spark.driver.bindAddress=10.1.2.3"),
+        *("--conf", "spark.executorEnv.SPARK_DRIVER_POD_IP=10.1.2.3"),
+        *("--deploy-mode", "client"),
+        *args,
+    ]
+
+
+def test_a_driver_without_its_bind_address_or_application_is_named() -> None:
+    with pytest.raises(EntrypointError, match="SPARK_DRIVER_BIND_ADDRESS"):
+        driver_command({}, Path("/x"), ["app.py"])
+    with pytest.raises(EntrypointError, match="application"):
+        driver_command({"SPARK_DRIVER_BIND_ADDRESS": "1.2.3.4"}, Path("/x"), [])
