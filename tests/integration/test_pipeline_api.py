@@ -109,7 +109,7 @@ INVALID_NEW: list[tuple[str, dict[str, Any], str]] = [
     (
         "release-enum",
         pipeline(failover__releaseVolume="Pray"),
-        'supported values: "OutOfServiceTaint", "WaitForDetach"',
+        'supported values: "OutOfServiceTaint", "WaitForDetach", "External"',
     ),
     (
         "lease-zero",
