@@ -119,13 +119,16 @@ def produce_events(
 
 
 def start_operator(cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
+    port = free_port()
     argv = [
         str(Path(sys.executable).parent / "dedup-operator"),
         "--kubeconfig", str(cluster.kubeconfig_path),
         "--namespace", NAMESPACE,
         "--interval", "1",
-        "--metrics-port", str(free_port()),
+        "--metrics-port", str(port),
         "--metrics-address", "127.0.0.1",
+        "--health-port", str(port),  # one server: /metrics, /healthz, /readyz
+        "--health-address", "127.0.0.1",
         "--leader-lease-duration", "5",
     ]  # fmt: skip
     with log.open("ab") as out:

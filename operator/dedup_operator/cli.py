@@ -8,6 +8,7 @@ DedupPipeline CRD is not installed).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -67,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-address", default="0.0.0.0", help="address of the operator's /metrics"
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=8080,
+        help="port of the operator's /healthz and /readyz (0 = off); when it equals "
+        "--metrics-port, one server answers /metrics, /healthz and /readyz",
+    )
+    p.add_argument("--health-address", default="0.0.0.0", help="address of /healthz and /readyz")
     p.add_argument(
         "--leader-election-namespace",
         default=os.environ.get("POD_NAMESPACE"),
@@ -138,6 +147,33 @@ def _configure_logging(fmt: str, level: str) -> None:
     logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
+async def _run_operator(
+    clusterwide: bool,
+    namespaces: list[str],
+    health_port: int,
+    health_address: str,
+    with_metrics: bool,
+) -> None:
+    """kopf's operator in this loop, with /healthz and /readyz served from the same loop
+    (see dedup_operator.health). Called after the preflight reached the API server."""
+    import kopf
+
+    from dedup_operator.health import Health, serve
+
+    health = Health(connected=True)
+    runner = await serve(health, health_port, health_address, with_metrics) if health_port else None
+    try:
+        await kopf.operator(
+            clusterwide=clusterwide,
+            namespaces=namespaces,
+            standalone=True,
+            ready_flag=health.started,
+        )
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.interval <= 0 or args.topic_check_interval <= 0 or args.leader_lease_duration < 1:
@@ -153,8 +189,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("kubeconfig %s does not exist", args.kubeconfig)
             return EXIT_CLUSTER
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it
-
-    import kopf
 
     from dedup_operator import handlers
     from dedup_operator.kube import Kube
@@ -182,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers.RUNTIME.settings = ReconcileSettings(
         interval_s=args.interval, topic_check_s=args.topic_check_interval
     )
-    if args.metrics_port:
+    shared_port = args.metrics_port and args.metrics_port == args.health_port
+    if args.metrics_port and not shared_port:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, args.metrics_address)
@@ -193,14 +228,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "namespaces": "*" if clusterwide else ",".join(namespaces),
             "interval_s": args.interval,
             "metrics_port": args.metrics_port,
+            "health_port": args.health_port,
         },
     )
     try:
-        kopf.run(
-            clusterwide=clusterwide,
-            namespaces=[] if clusterwide else namespaces,
-            standalone=True,
+        asyncio.run(
+            _run_operator(
+                clusterwide,
+                [] if clusterwide else namespaces,
+                args.health_port,
+                args.health_address,
+                bool(shared_port),
+            )
         )
+    except asyncio.CancelledError:  # as kopf.run: a cancelled operator has stopped
+        pass
     except Exception as exc:
         log.error("dedup-operator failed: %s: %s", type(exc).__name__, exc)
         return EXIT_FAILED

@@ -109,6 +109,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.persistence.finalizer = names.FINALIZER_RETAIN_VOLUMES
     settings.posting.enabled = False  # our Events are posted by `recorder`
+    # No runtime observation of CRDs and namespaces: the watched namespaces are exact
+    # names (-n) or all (-A), and the CRD was checked by the preflight. Without it kopf
+    # would list/watch every namespace and CRD, which the chart's RBAC does not grant.
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 60
     settings.networking.request_timeout = 30
     RUNTIME.stop.clear()

@@ -50,6 +50,22 @@ class OperatorProcess:
         ) as r:
             return str(r.read().decode())
 
+    def probe(self, path: str) -> tuple[int, str]:
+        """(HTTP status, body) of GET `path` (/healthz, /readyz) on the operator;
+        (0, why) when nothing answers."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5
+            ) as r:
+                return int(r.status), str(r.read().decode())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), str(exc.read().decode())
+        except OSError as exc:  # not listening (yet)
+            return 0, str(exc)
+
     def kill(self) -> None:
         """SIGKILL: an operator that dies at any point."""
         if self.process.poll() is None:
@@ -92,6 +108,10 @@ def running_operator(
                 "--metrics-port",
                 str(port),
                 "--metrics-address",
+                "127.0.0.1",
+                "--health-port",  # the same server answers /healthz and /readyz
+                str(port),
+                "--health-address",
                 "127.0.0.1",
                 "--leader-lease-duration",
                 "3",
