@@ -282,7 +282,10 @@ def ensure_image() -> str:
             raise ImageError("podman build failed:\n" + "\n".join(tail))
         log(f"built {ref} in {time.monotonic() - started:.0f}s")
         _remove_older(REPOSITORY, keep=ref)
+    previous = image_id(DEV_TAG) if image_exists(DEV_TAG) else None
     podman("tag", ref, DEV_TAG)
+    if previous is not None and previous != image_id(ref):
+        podman("rmi", previous, check=False)  # the build the dev tag named before
     (podman_dir() / "image-ref").write_text(ref + "\n")
     return ref
 

@@ -72,6 +72,7 @@ def driver_pod(name: str, command: Sequence[str], account: str) -> dict[str, Any
 class ExecutorPod:
     owners: set[tuple[str, str]] = field(default_factory=set)
     phases: set[str] = field(default_factory=set)
+    container_ids: set[str] = field(default_factory=set)
     first_seen: float = 0.0
     running_at: float | None = None
 
@@ -102,6 +103,9 @@ class ExecutorWatch:
                 entry.owners |= {(r.kind, r.name) for r in pod.metadata.owner_references or []}
                 phase = pod.status.phase or "Pending"
                 entry.phases.add(phase)
+                for status in pod.status.container_statuses or []:
+                    if status.container_id:
+                        entry.container_ids.add(status.container_id)
                 if phase == "Running" and entry.running_at is None:
                     entry.running_at = now
 

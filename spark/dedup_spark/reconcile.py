@@ -18,13 +18,16 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import urlparse
 
 from dedup_operator import names
 from dedup_spark import audit
@@ -313,9 +316,8 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
     result = audit_frame(spark, job, state).cache()
     try:
         counts_rows = result.where(f"kind = '{COUNTS_KIND}'").collect()
-        result.where(f"kind != '{COUNTS_KIND}'").coalesce(1).write.mode("overwrite").parquet(
-            f"{job.report_dir.rstrip('/')}/findings"
-        )
+        findings = result.where(f"kind != '{COUNTS_KIND}'")
+        write_findings(spark, findings, f"{job.report_dir.rstrip('/')}/findings")
     finally:
         result.unpersist()
     partition_counts = {int(r["partition"]): json.loads(r["detail"]) for r in counts_rows}
@@ -359,6 +361,26 @@ def input_state(job: AuditJob) -> InputState:
     finally:
         consumer.close()
     return InputState(len(partitions), {tp.partition: max(0, tp.offset) for tp in got})
+
+
+def write_findings(spark: SparkSession, findings: DataFrame, path: str) -> None:
+    """The findings as Parquet in one file at `path`. A path on the driver's own file
+    system (no scheme, or `file:`) while executors run elsewhere (any master but
+    `local[N]`, e.g. executor pods) is written by the driver from the collected findings:
+    the executors cannot reach the driver pod's volume. They are the audit's defects (a
+    row per duplicate, missing or mismatched record), not its input. Any other path
+    (s3a:, hdfs:, ...) is written by Spark's executors."""
+    url = urlparse(path)
+    if url.scheme in ("", "file") and not (spark.sparkContext.master or "").startswith("local"):
+        import pyarrow.parquet as pq
+
+        local = Path(url.path)
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        pq.write_table(findings.toArrow(), local / "part-00000.parquet")
+        (local / "_SUCCESS").touch()
+        return
+    findings.coalesce(1).write.mode("overwrite").parquet(path)
 
 
 def write_summary(spark: SparkSession, report_dir: str, summary: Mapping[str, Any]) -> None:

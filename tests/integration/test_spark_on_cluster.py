@@ -1,6 +1,7 @@
-"""Spark on Kubernetes, on the local cluster: the audit runs as a driver pod in client
-mode that asks the API server for two executor pods; the node agents run them
-(`dedup-entrypoint executor`, pyspark's jars) and they register with the driver.
+"""Spark on Kubernetes, on the local cluster with containers: the audit runs as a driver
+pod in client mode (a container from the project's image) that asks the API server for
+two executor pods; the node agents run them in containers from the same image
+(`dedup-entrypoint executor`, the image's pyspark jars) and they register with the driver.
 The test sees the executor pods, owned by the driver pod, and the audit's result."""
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
-    kafka: KafkaBroker, cluster_namespace: ClusterNamespace
+    kafka: KafkaBroker, container_namespace: ClusterNamespace
 ) -> None:
-    ns, api = cluster_namespace.name, cluster_namespace.api_client
+    ns, api = container_namespace.name, container_namespace.api_client
     name = unique("sparkk8s")
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", 2)
@@ -41,7 +42,7 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
         *("--executor-memory", "512m", "--log-format", "text"),
     ]
     pod = driver_pod(driver, command, grant_driver(api, ns))
-    phase, log, executors = run_driver(cluster_namespace.cluster, api, ns, pod, timeout_s=300)
+    phase, log, executors = run_driver(container_namespace.cluster, api, ns, pod, timeout_s=300)
     print(f"driver log tail:\n{log[-3000:]}\nexecutors: {executors.seen}")
     assert phase == "Succeeded", log[-5000:]
 
@@ -51,7 +52,10 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
     for pod_name, seen in executors.seen.items():
         assert ("Pod", driver) in seen.owners, (pod_name, seen)
         assert "Running" in seen.phases, (pod_name, seen)
-        executor_log = cluster_namespace.cluster.pod_log(ns, pod_name)
+        assert seen.container_ids and all(c.startswith("podman://") for c in seen.container_ids), (
+            seen
+        )  # run in a container from the image, not as a process
+        executor_log = container_namespace.cluster.pod_log(ns, pod_name)
         assert "Successfully registered with driver" in executor_log, executor_log[-2000:]
 
     cm = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-reconciliation", ns)

@@ -3,7 +3,10 @@
 `local_cluster`: one LocalCluster per session (3 nodes in 3 zones, fast control-plane
 timings, the repo's CRDs), started on first use.
 `cluster_namespace`: a fresh namespace per test (its default ServiceAccount exists),
-deleted afterwards. Tests that break a node restore it themselves (in a finally).
+deleted afterwards.
+`container_cluster` / `container_namespace`: the same on a second cluster whose nodes run
+the project's image in real containers (podman, runc: what users run), built from the
+Dockerfile first if the checkout changed since the last build. Tests that break a node restore it themselves (in a finally).
 
 The session `kube` fixture keeps its own control plane: its tests play kubelets on fake
 nodes, which real node agents would disturb.
@@ -22,6 +25,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.image import ensure_image
 from support.kube_fixtures import CRD_FILES, _wait_for_default_service_account
 
 
@@ -48,8 +52,32 @@ def local_cluster() -> Iterator[LocalCluster]:
         cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def container_cluster() -> Iterator[LocalCluster]:
+    ensure_image()
+    cluster = LocalCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES, containers=True)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def cluster_namespace(
+    local_cluster: LocalCluster, request: pytest.FixtureRequest
+) -> Iterator[ClusterNamespace]:
+    yield from _namespace(local_cluster, request)
+
+
+@pytest.fixture
+def container_namespace(
+    container_cluster: LocalCluster, request: pytest.FixtureRequest
+) -> Iterator[ClusterNamespace]:
+    yield from _namespace(container_cluster, request)
+
+
+def _namespace(
     local_cluster: LocalCluster, request: pytest.FixtureRequest
 ) -> Iterator[ClusterNamespace]:
     api = local_cluster.api_client()

@@ -1,7 +1,9 @@
-"""Pure rules of the local cluster's node agent: env resolution, image mapping, pod status."""
+"""Pure rules of the local cluster's node agent: env resolution, image mapping, the
+`podman run` of a container, pod status."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from dedup_local.cluster.runtime import (
     is_project_image,
     pod_conditions,
     pod_phase,
+    podman_run_argv,
     resolve_env,
 )
 from dedup_local.cluster.timings import ClusterTimings
@@ -157,3 +160,58 @@ def test_restart_backoff_doubles_up_to_the_cap() -> None:
     args = fast.control_plane_args()
     assert "--node-monitor-grace-period=8s" in args["kube-controller-manager"]
     assert "--default-unreachable-toleration-seconds=10" in args["kube-apiserver"]
+
+
+def test_a_worker_pod_becomes_a_podman_run_with_its_security_context() -> None:
+    from dedup_operator.desired.partition import worker_pod_template
+    from dedup_operator.spec import PipelineSpec
+    from support.pipelines import WORKER_ON_CLUSTER, pipeline_body
+
+    body = pipeline_body("p", "127.0.0.1:9092", "t", worker=WORKER_ON_CLUSTER)
+    spec = PipelineSpec.parse("p", "ns", body["spec"])
+    pod = {"metadata": {"name": "p-p0-e1"}, "spec": worker_pod_template(spec, 0)}
+    container = pod["spec"]["containers"][0]
+    env = {"DEDUP_PARTITION": "0", "A": "b c"}
+    mounts = [
+        {"source": "/pool/vol-1", "target": "/var/lib/dedup", "readOnly": False},
+        {"source": "/pods/u/token", "target": "/var/run/secrets/x", "readOnly": True},
+    ]
+    argv = podman_run_argv("dl-1-u-worker-1", "dl-1", pod, container, env, mounts)
+    joined = " ".join(argv)
+    assert argv[:3] == ["run", "--rm", "--name"]
+    assert "--network host" in joined and "--pull never" in joined
+    assert "--label dedup-local.cluster=dl-1" in joined
+    assert "--user 65532:65532" in joined and "--group-add 65532" in joined
+    assert "--read-only --read-only-tmpfs=false" in joined
+    assert "--cap-drop ALL" in joined and "--security-opt no-new-privileges" in joined
+    limits = container["resources"]["limits"]
+    assert f"--memory {runtime.memory_limit(limits['memory'])}" in joined
+    assert "--mount type=bind,src=/pool/vol-1,dst=/var/lib/dedup " in joined + " "
+    assert "--mount type=bind,src=/pods/u/token,dst=/var/run/secrets/x,ro=true" in joined
+    assert "--env DEDUP_PARTITION=0 --env A=b c" in joined
+    # command replaces the image's entrypoint; the image comes last before args.
+    assert argv[argv.index("--entrypoint") + 1] == json.dumps(container["command"])
+    assert argv[-1] == container["image"]
+
+
+def test_args_without_command_keep_the_image_entrypoint() -> None:
+    pod = {"metadata": {"name": "x"}, "spec": {"securityContext": {"runAsUser": 5}}}
+    container = {"name": "c", "image": "dedup-operator:dev", "args": ["executor", "$(X)"]}
+    argv = podman_run_argv("n", "c", pod, container, {"X": "y"}, [])
+    assert "--entrypoint" not in argv
+    assert argv[-3:] == ["dedup-operator:dev", "executor", "y"]
+    assert argv[argv.index("--user") + 1] == "5"
+    assert "--read-only" not in argv and "--group-add" not in argv
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("512Mi", 512 * 2**20), ("1Gi", 2**30), ("1G", 10**9), ("1000", 1000), ("1.5Gi", 3 * 2**29)],
+)
+def test_memory_limits_in_bytes(quantity: str, expected: int) -> None:
+    assert runtime.memory_limit(quantity) == expected
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [("500m", "0.5"), ("2", "2"), ("1500m", "1.5")])
+def test_cpu_limits_as_podman_cpus(quantity: str, expected: str) -> None:
+    assert runtime.cpu_limit(quantity) == expected

@@ -2,7 +2,10 @@
 
 Every `poll_s` it renews its Lease in kube-node-lease, patches (never replaces) its node
 status (Ready heartbeat, volumesInUse), lists the pods bound to it and reconciles them:
-starts containers as processes (runtime.py) once their volumes are ready, restarts them
+starts containers (runtime.py: from their image with podman on a cluster with
+containers, else as processes) once their volumes are ready, gives the volumes of a pod
+with `fsGroup` that group (as the kubelet does, when the root's group differs) and
+emptyDirs mode 1777, restarts them
 per restartPolicy with back-off, runs probes, reports pod status, and on deletion sends
 SIGTERM, waits the grace period, SIGKILLs and deletes the pod object with grace 0.
 """
@@ -30,17 +33,20 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from ..image import image_exists, image_id, podman_env
 from ..paths import REPO_ROOT
 from .attacher import DRIVER, as_json, unique_volume_name
 from .runtime import (
     ConfigError,
     ContainerProcess,
     ContainerRecord,
+    PodmanContainer,
     base_env,
     container_argv,
     is_project_image,
     pod_conditions,
     pod_phase,
+    podman_run_argv,
     resolve_env,
     will_restart,
 )
@@ -147,12 +153,15 @@ class NodeAgent:
         allocate_ip: Callable[[str, str | None], str],
         release_ip: Callable[[str], None],
         log_path: Callable[[str, str, str], Path],
+        containers: bool = False,
+        cluster_id: str = "",
     ) -> None:
         self.name, self.zone, self.host_ip = name, zone, host_ip
         self.api, self.data_dir, self.pool, self.timings = api, data_dir, pool, timings
         self.proxy_port, self.ca_path = proxy_port, ca_path
         self.allocate_ip, self.release_ip, self.log_path = allocate_ip, release_ip, log_path
         self.core = client.CoreV1Api(api)
+        self.containers, self.cluster_id = containers, cluster_id
         self.partitioned = False
         self.pods: dict[str, PodRunner] = {}  # by uid
         self._stop = threading.Event()
@@ -268,7 +277,9 @@ class NodeAgent:
                 "bootID": self._ready_since,
                 "kernelVersion": os.uname().release,
                 "osImage": "dedup-local",
-                "containerRuntimeVersion": "dedup-local://processes",
+                "containerRuntimeVersion": "podman://4"
+                if self.containers
+                else "dedup-local://processes",
                 "kubeletVersion": KUBELET_VERSION,
                 "kubeProxyVersion": "",
                 "operatingSystem": "linux",
@@ -308,7 +319,7 @@ class NodeAgent:
             except ConfigError as exc:
                 for c in runner.containers:
                     if c.process is None:
-                        c.record.reason, c.record.message = "CreateContainerConfigError", str(exc)
+                        c.record.reason, c.record.message = exc.reason, str(exc)
                 self._report(runner)
             except ApiException as exc:
                 if exc.status != 404:
@@ -489,7 +500,31 @@ class NodeAgent:
                 (target / rel).parent.mkdir(parents=True, exist_ok=True)
                 (target / rel).write_text(content)
         runner.pvc_volumes = pvc_volumes
+        if self.containers:
+            self._own_volumes(pod, sources)
         return sources
+
+    def _own_volumes(self, pod: Mapping[str, Any], sources: Mapping[str, Path]) -> None:
+        """What the kubelet does to a pod's volumes before its containers start: emptyDirs
+        are mode 1777; with `fsGroup` every writable volume is given that group,
+        group-writable with setgid directories (fsGroupChangePolicy OnRootMismatch: only
+        when the volume's root does not have that group yet). Host paths are left alone."""
+        fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        for vol in pod["spec"].get("volumes") or []:
+            if "hostPath" in vol:
+                continue
+            root = sources[vol["name"]]
+            if "emptyDir" in vol:
+                root.chmod(0o1777)
+            if fs_group is None or root.stat().st_gid == int(fs_group):
+                continue
+            for path in [root, *root.rglob("*")]:
+                if path.is_symlink():
+                    continue
+                os.chown(path, -1, int(fs_group))
+                mode = path.stat().st_mode
+                extra = 0o2070 if path.is_dir() else (0o060 | (0o010 if mode & 0o100 else 0))
+                path.chmod((mode & 0o7777) | extra)
 
     def _waiting(self, runner: PodRunner, why: str) -> None:
         for c in runner.containers:
@@ -547,6 +582,9 @@ class NodeAgent:
         pod = json.loads(json.dumps(runner.pod))
         pod.setdefault("status", {})["podIP"], pod["status"]["hostIP"] = runner.ip, self.host_ip
         spec = c.spec
+        if self.containers and is_project_image(spec.get("image", "")):
+            self._start_container(runner, c, pod)
+            return
         base = base_env(is_project_image(spec.get("image", "")))
         base.update({"HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
                      "KUBERNETES_SERVICE_PORT": str(self.proxy_port),
@@ -574,6 +612,42 @@ class NodeAgent:
             c.record.restart_count += 1
         c.runs += 1
         c.process = ContainerProcess(plan_path, log_path)
+        self._running(c)
+        log.info(
+            "node %s: started %s/%s pid %d", self.name, runner.key, spec["name"], c.process.pid
+        )
+
+    def _start_container(self, runner: PodRunner, c: Container, pod: dict[str, Any]) -> None:
+        """Start the container from its image with podman (runtime.podman_run_argv)."""
+        spec = c.spec
+        image = str(spec.get("image", ""))
+        if not image_exists(image):
+            raise ConfigError(
+                f"image {image} is not in the local store (never pulled; run make setup-image)",
+                reason="ErrImageNeverPull",
+            )
+        base = {"HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self.proxy_port),
+                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.proxy_port)}  # fmt: skip
+        env = resolve_env(spec, pod, self._lookup(pod["metadata"]["namespace"]), base)
+        assert runner.volume_sources is not None
+        if c.runs:
+            c.record.restart_count += 1
+        c.runs += 1
+        name = f"{self.cluster_id}-{pod['metadata']['uid'][:8]}-{spec['name']}-{c.runs}"
+        mounts = mount_plan(spec, runner.volume_sources)
+        argv = podman_run_argv(name, self.cluster_id, pod, spec, env, mounts)
+        log_path = self.log_path(
+            pod["metadata"]["namespace"], pod["metadata"]["name"], spec["name"]
+        )
+        c.process = PodmanContainer(name, argv, podman_env(), log_path)
+        self._running(c)
+        c.record.container_id, c.record.image_id = f"podman://{name}", image_id(image)
+        log.info(
+            "node %s: started %s/%s in container %s", self.name, runner.key, spec["name"], name
+        )
+
+    def _running(self, c: Container) -> None:
         c.started_mono = time.monotonic()
         r = c.record
         r.state, r.started_at, r.exit_code, r.reason, r.message = "running", now(), None, "", ""
@@ -581,9 +655,6 @@ class NodeAgent:
         for p in (c.readiness, c.liveness):
             if p is not None:
                 p.next_at, p.successes, p.failures = 0.0, 0, 0
-        log.info(
-            "node %s: started %s/%s pid %d", self.name, runner.key, spec["name"], c.process.pid
-        )
 
     def _probe(self, runner: PodRunner, c: Container) -> None:
         if c.process is None or c.process.exit_code() is not None:
@@ -629,19 +700,18 @@ class NodeAgent:
             if "exec" in spec and c.process is not None:
                 import subprocess
 
-                argv = [
-                    "nsenter",
-                    f"--target={c.process.pid}",
-                    "--mount",
-                    "--",
-                    *spec["exec"]["command"],
-                ]
-                return (
-                    subprocess.run(
-                        argv, capture_output=True, timeout=timeout, check=False
-                    ).returncode
-                    == 0
+                command = list(spec["exec"]["command"])
+                if isinstance(c.process, PodmanContainer):
+                    argv, env = ["podman", "exec", c.process.name, *command], c.process.env
+                else:
+                    argv, env = (
+                        ["nsenter", f"--target={c.process.pid}", "--mount", "--", *command],
+                        None,
+                    )
+                done = subprocess.run(
+                    argv, env=env, capture_output=True, timeout=timeout, check=False
                 )
+                return done.returncode == 0
         except (OSError, urllib.error.URLError, ValueError, TimeoutError, ConfigError):
             return False
         except Exception:

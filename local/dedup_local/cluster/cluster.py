@@ -1,5 +1,7 @@
 """LocalCluster: a real control plane (dedup_local.kube.ControlPlane) plus N nodes whose
-agents run pods as processes, a per-node API proxy, and a volume pool with its attacher.
+agents run pods (as processes, or with `containers=True` the project's image in real
+containers through podman: runtime.py), a per-node API proxy, and a volume pool with its
+attacher.
 
     with LocalCluster(nodes=3, timings=ClusterTimings.fast()) as cluster:
         cluster.kubectl("get", "nodes")
@@ -27,6 +29,7 @@ from ..paths import cache_dir
 from .agent import NodeAgent
 from .attacher import STORAGE_CLASS, Attacher
 from .proxy import ApiProxy
+from .runtime import CONTAINER_LABEL
 from .timings import ClusterTimings
 
 if TYPE_CHECKING:
@@ -43,7 +46,9 @@ class LocalCluster:
         timings: ClusterTimings | None = None,
         crds: Iterable[Path] = (),
         data_dir: Path | None = None,
+        containers: bool = False,
     ) -> None:
+        self.containers = containers
         self.timings = timings or ClusterTimings.fast()
         self.node_names = [f"node-{string.ascii_lowercase[i]}" for i in range(nodes)]
         self.storage_class = STORAGE_CLASS
@@ -133,10 +138,23 @@ class LocalCluster:
             raise
         return self
 
+    @property
+    def cluster_id(self) -> str:
+        """Names and labels this cluster's containers (its data directory's name)."""
+        return "dl-" + self.data_dir.name.removeprefix("run-")
+
     def stop(self) -> None:
         for agent in self.agents.values():
             agent.stop(kill_pods=True)
         self.agents.clear()
+        if self.containers and self._data_dir is not None:
+            # Containers of partitioned or killed nodes' pods that are still around.
+            from ..image import podman
+
+            listed = podman("ps", "--all", "--quiet", "--filter",
+                            f"label={CONTAINER_LABEL}={self.cluster_id}", check=False)  # fmt: skip
+            if listed.stdout.split():
+                podman("rm", "--force", "--time", "0", *listed.stdout.split(), check=False)
         for proxy in self.proxies.values():
             proxy.close()
         self.proxies.clear()
@@ -180,6 +198,8 @@ class LocalCluster:
             allocate_ip=self._allocate_ip,
             release_ip=self._release_ip,
             log_path=self.log_path,
+            containers=self.containers,
+            cluster_id=self.cluster_id,
         )
         self.agents[name] = agent
         agent.start()

@@ -1,19 +1,28 @@
-"""A pod's containers as local processes, and the pure rules a kubelet applies to them:
-environment resolution (fieldRef, secretKeyRef, configMapKeyRef, `$(VAR)` expansion),
-the image -> executable mapping, and pod status from container states.
+"""A pod's containers, run as real containers from their image (podman, runc) or as local
+processes, and the pure rules a kubelet applies to them: environment resolution
+(fieldRef, secretKeyRef, configMapKeyRef, `$(VAR)` expansion), the `podman run` of a
+container (`podman_run_argv` says what of the pod spec it applies), the image ->
+executable mapping of the process runtime, and pod status from container states.
 
-Image mapping: an image whose repository's last path segment is `dedup-operator` is this
-checkout: `command[0]` resolves in the venv's bin dir (the directory of sys.executable);
-without a `command` it runs `dedup-entrypoint` with the pod's `args`. Any other image:
-`command[0]` resolves on the host PATH. The container's base environment is the host's
-(as an image's ENV would be), minus the test process's kube settings. securityContext,
-resources and image pulls are accepted and ignored.
+Which runtime: on a cluster started with `containers=True`, a container whose image is
+the project's (repository's last path segment `dedup-operator`) runs in a container from
+that image in the project's podman store (`dedup_local.image`; never pulled: an image
+not in the store stays waiting with ErrImageNeverPull). Everything else runs as a
+process, as on a cluster without containers.
+
+Process runtime: the project's image is this checkout: `command[0]` resolves in the
+venv's bin dir (the directory of sys.executable); without a `command` it runs
+`dedup-entrypoint` with the pod's `args`. Any other image: `command[0]` resolves on the
+host PATH. The base environment is the host's (as an image's ENV would be), minus the
+test process's kube settings. securityContext, resources and image pulls are accepted and
+ignored there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -38,7 +47,12 @@ Lookup = Callable[[str, str, str], Any]  # (kind, name, key) -> value; key "" ->
 
 
 class ConfigError(Exception):
-    """The pod refers to something missing (CreateContainerConfigError)."""
+    """The pod refers to something missing: its container waits with `reason`
+    (CreateContainerConfigError, or ErrImageNeverPull for an image not in the store)."""
+
+    def __init__(self, message: str, reason: str = "CreateContainerConfigError") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def expand(value: str, env: Mapping[str, str]) -> str:
@@ -186,6 +200,8 @@ class ContainerRecord:
     finished_at: str | None = None
     ready: bool = False
     last_state: dict[str, Any] = field(default_factory=dict)
+    container_id: str = ""  # podman://<name> for a container from its image
+    image_id: str = ""
 
     def to_status(self) -> dict[str, Any]:
         if self.state == "running":
@@ -206,10 +222,12 @@ class ContainerRecord:
                     **({"message": self.message} if self.message else {}),
                 }
             }
+        ids = {"containerID": self.container_id} if self.container_id else {}
         return {
             "name": self.name,
             "image": self.image,
-            "imageID": "",
+            "imageID": self.image_id,
+            **ids,
             "ready": self.ready,
             "started": self.state == "running",
             "restartCount": self.restart_count,
@@ -312,3 +330,127 @@ class ContainerProcess:
         self.signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+
+
+class PodmanContainer(ContainerProcess):
+    """One run of a container from its image: an attached `podman run` (its exit code is
+    the container's; its output goes to the log). Signals go to the container through
+    `podman kill`, since signalling the podman client would not reach a container that
+    outlives it."""
+
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.name, self.env = name, dict(env)
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                ["podman", *argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.kill_at = None
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is not None:
+            return
+        subprocess.run(
+            ["podman", "kill", "--signal", str(int(sig)), self.name],
+            env=self.env, capture_output=True, check=False, timeout=30,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """The container removed at once (SIGKILL), as when its node dies."""
+        subprocess.run(
+            ["podman", "rm", "--force", "--time", "0", self.name],
+            env=self.env, capture_output=True, check=False, timeout=60,
+        )  # fmt: skip
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------- containers (pure)
+CONTAINER_LABEL = "dedup-local.cluster"
+
+
+def _merged_security(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+    """The container's securityContext over the pod's (as the kubelet merges them)."""
+    merged = dict(pod.get("spec", {}).get("securityContext") or {})
+    merged.update(container.get("securityContext") or {})
+    return merged
+
+
+def cpu_limit(quantity: str) -> str:
+    """A CPU quantity ("500m", "2") as podman's --cpus value ("0.5", "2")."""
+    millis = int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+    return f"{millis / 1000:g}"
+
+
+def memory_limit(quantity: str) -> int:
+    """A memory quantity ("512Mi", "1G", "1e9", "1000") in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}  # fmt: skip
+    for suffix in sorted(units, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * units[suffix])
+    return int(float(quantity))
+
+
+def podman_run_argv(
+    name: str,
+    cluster: str,
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    mounts: list[dict[str, Any]],
+) -> list[str]:
+    """`podman run` arguments for one run of a pod's container from its image.
+
+    What is applied: command (as the entrypoint) and args, `$(VAR)`-expanded; env; the
+    volumes bind-mounted at their mountPaths (read-only where asked); runAsUser /
+    runAsGroup, fsGroup and supplementalGroups as groups; readOnlyRootFilesystem;
+    capabilities drop/add; allowPrivilegeEscalation false (no-new-privileges); CPU and
+    memory limits; workingDir. The pod shares the host's network (each pod binds its own
+    127.x address, as on a real node's pod network) and never pulls (the image must be in
+    the local store). Not applied: seccomp profiles (podman's default one is used),
+    SELinux and AppArmor options, requests (no scheduler here weighs them), ephemeral
+    storage limits, hostname (host UTS namespace).
+    """
+    security = _merged_security(pod, container)
+    argv = ["run", "--rm", "--name", name, "--label", f"{CONTAINER_LABEL}={cluster}",
+            "--network", "host", "--pull", "never"]  # fmt: skip
+    user = security.get("runAsUser")
+    if user is not None:
+        group = security.get("runAsGroup")
+        argv += ["--user", f"{user}:{group}" if group is not None else str(user)]
+    groups = [security["fsGroup"]] if security.get("fsGroup") is not None else []
+    groups += list(security.get("supplementalGroups") or [])
+    for gid in dict.fromkeys(groups):
+        argv += ["--group-add", str(gid)]
+    if security.get("readOnlyRootFilesystem"):
+        argv += ["--read-only", "--read-only-tmpfs=false"]
+    caps = security.get("capabilities") or {}
+    for cap in caps.get("drop") or []:
+        argv += ["--cap-drop", str(cap).upper()]
+    for cap in caps.get("add") or []:
+        argv += ["--cap-add", str(cap).upper()]
+    if security.get("allowPrivilegeEscalation") is False:
+        argv += ["--security-opt", "no-new-privileges"]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if limits.get("memory"):
+        argv += ["--memory", str(memory_limit(str(limits["memory"])))]
+    if limits.get("cpu"):
+        argv += ["--cpus", cpu_limit(str(limits["cpu"]))]
+    for m in mounts:
+        option = f"type=bind,src={m['source']},dst={m['target']}"
+        argv += ["--mount", option + (",ro=true" if m["readOnly"] else "")]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
+    if container.get("workingDir"):
+        argv += ["--workdir", str(container["workingDir"])]
+    command = [expand(a, env) for a in container.get("command") or []]
+    args = [expand(a, env) for a in container.get("args") or []]
+    if command:
+        argv += ["--entrypoint", json.dumps(command)]
+    argv.append(str(container.get("image", "")))
+    return argv + args
