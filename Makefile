@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-image test test-unit test-integration lint demo bench clean-cache install.yaml
 
-setup: setup-python setup-kafka setup-spark setup-kube setup-image
+# The builds side by side once the venv exists: the Go builds of Kubernetes are CPU-bound,
+# the image's mostly downloads and layer writes.
+setup: setup-python
+	@$(MAKE) --no-print-directory -j4 setup-kafka setup-spark setup-kube setup-image
 
 setup-python:
 	@bash scripts/setup-python.sh

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import shutil
 import string
@@ -39,6 +40,41 @@ ZONES = ("zone-a", "zone-b", "zone-c")
 log = logging.getLogger(__name__)
 
 
+IP_BLOCKS = range(11, 100)
+
+
+def _blocks_dir() -> Path:
+    return cache_dir() / "local-cluster" / "ip-blocks"
+
+
+def claim_ip_block(owner: Path) -> int:
+    """A `127.<block>.0.0/16` for this cluster's pods that no other live cluster on the
+    machine holds (several run at once: parallel test processes, a demo): a claim file per
+    block names its owner's data directory; a claim whose directory is gone is stale."""
+    directory = _blocks_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    for block in random.sample(IP_BLOCKS, len(IP_BLOCKS)):
+        claim = directory / str(block)
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if not Path(claim.read_text()).exists():
+                    claim.unlink()  # its cluster is gone; another start may take it
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(owner))
+        return block
+    raise RuntimeError(f"every pod address block is claimed (see {directory})")
+
+
+def release_ip_block(block: int, owner: Path) -> None:
+    claim = _blocks_dir() / str(block)
+    with contextlib.suppress(OSError):
+        if claim.read_text() == str(owner):
+            claim.unlink()
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -61,7 +97,7 @@ class LocalCluster:
         self.attacher: Attacher | None = None
         self._ips: dict[str, str] = {}
         self._ip_lock = threading.Lock()
-        self._ip_block = random.randint(11, 99)  # 127.100.x.y are the nodes' host IPs
+        self._ip_block = 0  # claimed in start(); 127.100.x.y are the nodes' host IPs
         self._next_ip = 0
         self._clients: list[ApiClient] = []
 
@@ -123,6 +159,7 @@ class LocalCluster:
             root.mkdir(parents=True, exist_ok=True)
             self._data_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
         self.pool.mkdir(parents=True, exist_ok=True)
+        self._ip_block = claim_ip_block(self.data_dir)
         self.control_plane = ControlPlane(
             with_controllers=True, crds=self._crds, extra_args=self.timings.control_plane_args()
         )
@@ -168,6 +205,9 @@ class LocalCluster:
         if self.control_plane is not None:
             self.control_plane.stop()
             self.control_plane = None
+        if self._ip_block:
+            release_ip_block(self._ip_block, self.data_dir)
+            self._ip_block = 0
         if self._own_dir and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
             self._data_dir = None
