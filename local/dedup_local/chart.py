@@ -74,9 +74,10 @@ def template(
     namespace: str = NAMESPACE,
     include_crds: bool = False,
     check: bool = True,
+    release: str = RELEASE,
 ) -> subprocess.CompletedProcess[str]:
     """`helm template` of the chart; stdout is the manifests."""
-    args = ["template", RELEASE, str(CHART), "--namespace", namespace]
+    args = ["template", release, str(CHART), "--namespace", namespace]
     if include_crds:
         args.append("--include-crds")
     for path in values:
