@@ -168,7 +168,7 @@ def rules_of(doc: dict[str, Any]) -> set[tuple[str, str, str, str]]:
 
 
 def test_rbac_by_scope() -> None:
-    from support.chart_rbac import CLUSTER_ROWS, NAMESPACED_ROWS
+    from support.chart_rbac import CLUSTER_ROWS, NAMESPACED_ROWS, POD_LIST_ROWS
 
     docs = render()
     cluster_role = one(docs, "ClusterRole")
@@ -180,7 +180,9 @@ def test_rbac_by_scope() -> None:
     ]
 
     docs = render((MONITORING,))
-    assert rules_of(one(docs, "ClusterRole")) == CLUSTER_ROWS
+    assert rules_of(one(docs, "ClusterRole")) == CLUSTER_ROWS | POD_LIST_ROWS
+    narrow = render((MONITORING,), ("rbac.listPodsOnNodes=false",))
+    assert rules_of(one(narrow, "ClusterRole")) == CLUSTER_ROWS
     roles = {
         (d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"
     }

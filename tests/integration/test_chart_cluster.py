@@ -205,6 +205,11 @@ def granted_rows(ns: str | None, want: bool) -> list[Row]:
     return rows
 
 
+def pods_listable(rows: list[Row]) -> list[Row]:
+    """The rows with `list pods` answered yes (rbac.listPodsOnNodes)."""
+    return [(v, r, sub, ns, want or (v, r) == ("list", "pods")) for v, r, sub, ns, want in rows]
+
+
 def cluster_rows() -> list[Row]:
     rows: list[Row] = []
     for group, resource, name, verbs, _why in CLUSTER:
@@ -266,16 +271,17 @@ def test_rbac_namespaced_scope_under_auth_can_i(
             rows = [
                 *granted_rows(first, True),
                 *granted_rows(second, True),
-                # nothing of it outside the watched namespaces: no Secrets, no pods
-                *granted_rows(elsewhere, False),
+                # nothing of it outside the watched namespaces (no Secrets, no pods) but
+                # listing pods, for the lost-node check (rbac.listPodsOnNodes)
+                *pods_listable(granted_rows(elsewhere, False)),
                 *cluster_rows(),
                 ("get", leader, "", kube_namespace.name, True),
                 ("update", leader, "", kube_namespace.name, True),
                 ("create", "leases.coordination.k8s.io", "", kube_namespace.name, True),
                 ("get", "leases.coordination.k8s.io/other", "", kube_namespace.name, False),
                 ("get", "secrets", "", kube_namespace.name, False),
-                # nothing cluster-wide
-                *granted_rows(None, False),
+                # nothing cluster-wide but listing pods
+                *pods_listable(granted_rows(None, False)),
                 *denied_rows([first, elsewhere, None]),
             ]
             wrong = ask_all(dedup_crd, sa, rows)

@@ -61,12 +61,20 @@ CLUSTER: Final = (
      "has_crd: ScheduledSparkApplication or CronJob"),
 )  # fmt: skip
 
+# with rbac.scope namespaced and rbac.listPodsOnNodes (the default), in the ClusterRole
+POD_LIST: Final = (
+    "", "pods", "", ("list",),
+    "kube.pods_on_node: the out-of-service taint only when every pod on the lost node "
+    "(any namespace) is a fenced dedup worker",
+)  # fmt: skip
+
 NAMESPACED_ROWS: Final = frozenset(
     (group, resource, "", verb) for group, resource, verbs, _ in NAMESPACED for verb in verbs
 )
 CLUSTER_ROWS: Final = frozenset(
     (group, resource, name, verb) for group, resource, name, verbs, _ in CLUSTER for verb in verbs
 )
+POD_LIST_ROWS: Final = frozenset({("", "pods", "", "list")})
 
 # (verb, resource as kubectl names it, subresource or ""): never, in any namespace
 DENIED_EVERYWHERE: Final = (

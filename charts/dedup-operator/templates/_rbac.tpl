@@ -89,4 +89,11 @@ creator does not hold (escalation prevention), and the operator holds no escalat
   resources: [customresourcedefinitions]
   resourceNames: [scheduledsparkapplications.sparkoperator.k8s.io]
   verbs: [get]
+{{- if and .Values.rbac.listPodsOnNodes (ne .Values.rbac.scope "cluster") }}
+# kube.pods_on_node: before tainting a lost node out-of-service, every pod bound to it
+# (any namespace) must be a fenced dedup worker (the namespaced rules have it with -A)
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+{{- end }}
 {{- end }}
