@@ -139,9 +139,21 @@ def test_the_operator_deployment() -> None:
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
-    local = render(sets=("image.repository=localhost/dedup-operator", "image.tag=dev"))
+    local = render(
+        sets=(
+            "image.repository=localhost/dedup-operator",
+            "image.tag=dev",
+            "operator.bindPodIP=true",
+        )
+    )
     (container,) = one(local, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "localhost/dedup-operator:dev"
+    assert "--health-address=$(POD_IP)" in container["args"]
+    assert "--metrics-address=$(POD_IP)" in container["args"]
+    assert {
+        "name": "POD_IP",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    } in container["env"]
     namespaced = render((MONITORING,))
     (container,) = one(namespaced, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"][:3] == [
