@@ -332,3 +332,30 @@ def test_monitoring_objects_are_off_by_default() -> None:
     assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
     kinds = {d["kind"] for d in render((MONITORING,))}
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+
+
+def test_gitops_examples_install_this_chart_with_valid_values(tmp_path: Path) -> None:
+    examples = CHART.parents[1] / "examples"
+    (argo,) = list(yaml.safe_load_all((examples / "argocd-application.yaml").read_text()))
+    source = argo["spec"]["source"]
+    assert source["path"] == "charts/dedup-operator"
+    assert argo["spec"]["destination"]["namespace"] == "dedup-system"
+    assert "ServerSideApply=true" in argo["spec"]["syncPolicy"]["syncOptions"]
+    flux = {
+        d["kind"]: d for d in yaml.safe_load_all((examples / "flux-helmrelease.yaml").read_text())
+    }
+    release = flux["HelmRelease"]
+    assert release["spec"]["chart"]["spec"]["chart"] == "./charts/dedup-operator"
+    assert (
+        release["spec"]["chart"]["spec"]["sourceRef"]["name"]
+        == flux["GitRepository"]["metadata"]["name"]
+    )
+    assert release["spec"]["targetNamespace"] == "dedup-system"
+    assert release["spec"]["upgrade"]["crds"] == "CreateReplace"
+    for name, values in (
+        ("argo", source["helm"]["valuesObject"]),
+        ("flux", release["spec"]["values"]),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        assert one(render((path,)), "Deployment")  # the schema accepts them
