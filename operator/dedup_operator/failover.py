@@ -11,8 +11,12 @@ point resumes from what the cluster holds.
 A *handover* moves a partition from one worker pod to its successor (epoch + 1). It is
 started by node loss, a failed or vanished pod, or a spec change. After node loss it goes:
 
-1. **fenced**   - the old worker's Lease has run out by its own renewTime + duration, so
-                  the old worker (renew deadline < duration) has stopped committing;
+1. **fenced**   - the old worker's Lease has run out: the operator has seen it unchanged
+                  for a full duration on its own monotonic clock
+                  (`dedup_worker.lease_clock`, the one expiry rule), so the old worker
+                  (renew deadline < duration, on its own monotonic clock) has stopped
+                  committing. Wall-clock `renewTime`s are never compared across machines;
+                  an operator that restarted has no history and waits a full duration;
 2. **released** - the old pod is gone. How (recorded as the handover's `release`):
                   - `Graceful`: the old node is Ready again (it healed after its worker
                     fenced): the old pod is deleted gracefully, the node unmounts and the
@@ -50,6 +54,15 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
 On a healthy node (a failed pod, a spec change) steps 1 and 2 swap: the old pod is
 deleted gracefully first (the worker finishes its batch and gives up its Lease on
 SIGTERM), then its Lease must be free or have run out.
+
+**Node loss** is judged from the node's own heartbeat, its Lease in `kube-node-lease`
+(the kubelet renews it every 10 s): lost once the operator has seen it unchanged for
+`node_lost_after` on its own clock (`NodeView.heartbeat_age`). Only where the node's
+Lease cannot be read does the Ready condition decide (flipped by the node lifecycle
+controller after its grace period, 40-50 s). **Full disruption**: when every node of the
+cluster is lost at once, that is the control plane or the operator's view of it, not the
+nodes (the node lifecycle controller stops evicting then, too): no node-loss handover
+starts, and none taints a node, until some node heartbeats again.
 """
 
 from __future__ import annotations
@@ -59,6 +72,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
+
+from dedup_worker import lease_clock
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 STEPS = ("fenced", "released", "detached", "started", "ready")
@@ -103,20 +118,30 @@ class FailoverPolicy:
 # ----------------------------------------------------------------------- observation
 @dataclass(frozen=True)
 class LeaseView:
+    """A Lease as the operator sees it: what it says, and for how long the operator has
+    seen it unchanged on its own monotonic clock (`dedup_worker.lease_clock.LeaseClock`;
+    zero at first sight, e.g. after an operator restart)."""
+
     holder: str | None
     epoch: int  # spec.leaseTransitions
-    renew_time: datetime | None
     duration: timedelta
+    unchanged_for: timedelta = timedelta(0)
+    # nobody holds it: never renewed, or released by its holder (`lease_clock.is_free`)
+    free: bool = False
 
-    def expires_at(self) -> datetime | None:
-        """When others may take it: renewTime + leaseDurationSeconds; None if never held."""
-        if not self.holder or self.renew_time is None:
-            return None
-        return self.renew_time + self.duration
+    def expired(self) -> bool:
+        """Free, or seen unchanged for a full duration (`lease_clock.expired`)."""
+        return lease_clock.expired(
+            self.free or not self.holder,
+            self.unchanged_for.total_seconds(),
+            self.duration.total_seconds(),
+        )
 
-    def expired(self, now: datetime) -> bool:
-        expiry = self.expires_at()
-        return expiry is None or now >= expiry
+    def remaining(self) -> timedelta:
+        """How long until it has run out, if nothing changes (zero once it has)."""
+        if self.expired():
+            return timedelta(0)
+        return max(self.duration - self.unchanged_for, timedelta(0))
 
 
 @dataclass(frozen=True)
@@ -141,11 +166,11 @@ class NodePod:
             self.daemon_set or self.mirror or self.tolerates_out_of_service or self.finished
         )
 
-    def fenced(self, now: datetime) -> bool:
+    def fenced(self) -> bool:
         """A dedup worker that can no longer commit: its Lease is gone, held by someone
         else, or run out."""
         lease = self.worker_lease
-        return self.worker and (lease is None or lease.holder != self.name or lease.expired(now))
+        return self.worker and (lease is None or lease.holder != self.name or lease.expired())
 
 
 @dataclass(frozen=True)
@@ -160,12 +185,31 @@ class NodeView:
     # Every pod bound to the node; None where the shell did not (or could not) list them:
     # it does for the lost node of a handover that may taint it.
     pods: tuple[NodePod, ...] | None = None
+    # How long the operator has seen the node's Lease (kube-node-lease) unchanged, on its
+    # own monotonic clock; None: no node Lease read (the Ready condition decides). And
+    # whether that is `node_lost_after` or more (the shell compares, with the policy).
+    heartbeat_age: timedelta | None = None
+    heartbeat_stale: bool = False
 
     def lost_for(self, now: datetime) -> timedelta:
-        """How long the node has not been Ready (zero while it is)."""
+        """How long the node has not heartbeated: its Lease seen unchanged that long; or,
+        without a node Lease, how long it has not been Ready (zero while it is)."""
+        if self.heartbeat_age is not None:
+            return self.heartbeat_age
         if self.ready == "True" or self.ready_since is None:
             return timedelta(0)
         return max(now - self.ready_since, timedelta(0))
+
+    @property
+    def up(self) -> bool:
+        """Ready and heartbeating: a node that healed (never tainted, never given up)."""
+        return self.ready == "True" and not self.heartbeat_stale
+
+
+def full_disruption(nodes: Mapping[str, NodeView], lost_after: timedelta, now: datetime) -> bool:
+    """Every node of the cluster lost at once (at least one node known): the control
+    plane or the operator's view of it failed, not the nodes; no node-loss handover."""
+    return bool(nodes) and all(n.lost_for(now) >= lost_after for n in nodes.values())
 
 
 @dataclass(frozen=True)
@@ -346,6 +390,8 @@ def partition_action(obs: PartitionObservation, policy: FailoverPolicy, now: dat
         return _begin(HandoverReason.POD_GONE, None, obs, now)
     node = obs.nodes.get(current.node) if current.node else None
     if current.node and (node is None or node.lost_for(now) >= policy.node_lost_after):
+        if full_disruption(obs.nodes, policy.node_lost_after, now):
+            return Decision(Steady(waiting_for=FULL_DISRUPTION), None)
         return _begin(HandoverReason.NODE_LOST, current, obs, now)
     if current.phase == "Failed":
         return _begin(HandoverReason.POD_FAILED, current, obs, now)
@@ -361,8 +407,8 @@ def partition_action(obs: PartitionObservation, policy: FailoverPolicy, now: dat
     stale = tuple(p.name for p in obs.pods if p.epoch < current.epoch and not p.deleting)
     if stale:
         return Decision(DeletePods(stale, force=False, why="superseded by a newer epoch"), None)
-    if node is not None and node.ready != "True":
-        lost_at = (node.ready_since or now) + policy.node_lost_after
+    if node is not None and not node.up:
+        lost_at = now + max(policy.node_lost_after - node.lost_for(now), timedelta(0))
         return Decision(Steady(waiting_for=f"node {node.name} to be Ready", until=lost_at), None)
     if current.node is None and current.unschedulable is not None:
         return _unschedulable(obs, current, current.unschedulable_since or now, None, policy, now)
@@ -411,7 +457,7 @@ def _continue_handover(
         h.reason == HandoverReason.NODE_LOST
         and "fenced" not in h.steps
         and back is not None
-        and back.ready == "True"
+        and back.up
     ):
         return Decision(CancelHandover(f"node {back.name} is Ready again"), None)
 
@@ -425,7 +471,7 @@ def _continue_handover(
         h = h.mark("fenced", now)
         # 2. released: the old pods are gone.
         if old:
-            if back is not None and back.ready == "True":
+            if back is not None and back.up:
                 # Healed after its worker fenced: the normal way, never a taint.
                 h = h.released_by(
                     Release.GRACEFUL,
@@ -433,6 +479,8 @@ def _continue_handover(
                     "the node unmounts the volume",
                 )
                 return Decision(_graceful(old, h), h)
+            if full_disruption(obs.nodes, policy.node_lost_after, now):
+                return Decision(Steady(waiting_for=FULL_DISRUPTION), h)
             return _release_lost(obs, old, h, back, policy, now)
         h = h.mark("released", now)
         if h.release == Release.GRACEFUL:
@@ -477,9 +525,11 @@ def _continue_handover(
 def _lease_wait(obs: PartitionObservation, now: datetime) -> Steady | None:
     """What to wait for while the partition's Lease may still be held (None: fenced)."""
     lease = obs.lease
-    if lease is None or lease.expired(now):
+    if lease is None or lease.expired():
         return None
-    return Steady(waiting_for=f"Lease held by {lease.holder} to expire", until=lease.expires_at())
+    return Steady(
+        waiting_for=f"Lease held by {lease.holder} to expire", until=now + lease.remaining()
+    )
 
 
 def _graceful(old: Sequence[PodView], h: Handover) -> Action:
@@ -490,6 +540,10 @@ def _graceful(old: Sequence[PodView], h: Handover) -> Action:
 
 
 FORCE_DETACH = "the attach/detach controller's force-detach (6 min)"
+FULL_DISRUPTION = (
+    "some node to heartbeat again: every node's Lease is stale (full disruption: the "
+    "control plane or the operator's view of it, not the nodes), so no node-loss handover"
+)
 
 
 def _release_lost(
@@ -583,9 +637,9 @@ def taint_blockers(
     foreign = tuple(sorted(p.ref for p in evicted if not p.worker))
     holding: dict[str, datetime] = {}
     for p in evicted:
-        if p.worker and not p.fenced(now):
+        if p.worker and not p.fenced():
             assert p.worker_lease is not None
-            holding[p.ref] = p.worker_lease.expires_at() or now
+            holding[p.ref] = now + p.worker_lease.remaining()
     return foreign, holding
 
 
@@ -619,7 +673,7 @@ def remove_out_of_service_taint(node: NodeView, volumes_attached_here: int, pipe
     return (
         node.out_of_service
         and pipeline in node.tainted_by
-        and node.ready == "True"
+        and node.up
         and volumes_attached_here == 0
     )
 
@@ -632,7 +686,7 @@ def join_out_of_service_taint(node: NodeView | None, pipeline: str, h: Handover 
         and h.reason == HandoverReason.NODE_LOST
         and node is not None
         and node.name == h.from_node
-        and node.ready != "True"
+        and not node.up
         and node.out_of_service
         and bool(node.tainted_by)
         and pipeline not in node.tainted_by

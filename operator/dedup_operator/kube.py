@@ -31,6 +31,8 @@ from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 
 log = logging.getLogger("dedup_operator.kube")
 
+NODE_LEASE_NAMESPACE = "kube-node-lease"  # the kubelets' heartbeats
+
 Obj = dict[str, Any]
 
 
@@ -61,6 +63,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.dynamic_kinds: dict[str, Any] = {}
         self._crds: dict[str, tuple[float, bool]] = {}  # name -> (monotonic time, found)
+        self._node_leases_denied_until = 0.0  # monotonic: node Leases refused until then
 
     def _json(self, obj: Any) -> Obj:
         data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -292,6 +295,28 @@ class Kube:
 
     def nodes(self) -> list[Obj]:
         return [self._json(n) for n in self.core.list_node().items]
+
+    def node_leases(self) -> dict[str, Obj] | None:
+        """The nodes' heartbeats: their Leases in kube-node-lease, by node name. None when
+        they cannot be read (no RBAC for them: nodes are then judged by their Ready
+        condition); after a refusal, asked again only every 5 minutes."""
+        if time.monotonic() < self._node_leases_denied_until:
+            return None
+        try:
+            found = self.coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE)
+        except ApiException as exc:
+            if exc.status not in (401, 403, 404):
+                raise
+            log.warning(
+                "cannot list the node Leases in %s (%s %s): judging nodes by their Ready "
+                "condition (slower failover); grant list on leases there",
+                NODE_LEASE_NAMESPACE,
+                exc.status,
+                exc.reason,
+            )
+            self._node_leases_denied_until = time.monotonic() + 300.0
+            return None
+        return {o["metadata"]["name"]: o for o in (self._json(lease) for lease in found.items)}
 
     def volume_attachments(self) -> list[Obj]:
         return [self._json(va) for va in self.storage.list_volume_attachment().items]

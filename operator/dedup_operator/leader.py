@@ -2,7 +2,9 @@
 
 Every replica runs the kopf watches, but only the holder of the Lease
 `dedup-operator-leader` reconciles. A replica takes the Lease when it is free or has
-expired (renewTime + leaseDurationSeconds, as written in it), renews it every third of
+expired: seen unchanged for leaseDurationSeconds on this replica's monotonic clock
+(`dedup_worker.lease_clock`, the one expiry rule; never the holder's wall-clock
+renewTime against ours; a replica just started waits a full duration), renews it every third of
 the duration with a compare-and-set on resourceVersion, and considers itself leader only
 until 2/3 of the duration after the start of its last successful renew, by its own
 monotonic clock: it stops acting before anyone else may start. On a clean stop it
@@ -15,13 +17,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dedup_operator.observed import format_micro_time, parse_time
+from dedup_worker import lease_clock
 
 log = logging.getLogger("dedup_operator.leader")
 
@@ -33,15 +36,15 @@ class LeaseState:
     holder: str | None
     renew_time: datetime | None
     duration_s: int
+    acquire_time: datetime | None = None
 
 
-def may_take(state: LeaseState, me: str, now: datetime) -> bool:
-    """Ours already, free, or expired by its own renew time and duration."""
+def may_take(state: LeaseState, me: str, unchanged_for_s: float) -> bool:
+    """Ours already, free, or seen unchanged for its duration (`lease_clock.expired`)."""
     if state.holder in (None, "", me):
         return True
-    if state.renew_time is None:
-        return True
-    return now >= state.renew_time + timedelta(seconds=state.duration_s)
+    free = lease_clock.is_free(state.holder, state.renew_time, state.acquire_time, state.duration_s)
+    return lease_clock.expired(free, unchanged_for_s, state.duration_s)
 
 
 class LeaderElection:
@@ -56,6 +59,7 @@ class LeaderElection:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._was_leader = False
+        self._clock = lease_clock.LeaseClock()  # when we saw the Lease change
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._valid_until
@@ -124,8 +128,11 @@ class LeaderElection:
             holder=spec.holder_identity,
             renew_time=parse_time(spec.renew_time),
             duration_s=int(spec.lease_duration_seconds or self.duration_s),
+            acquire_time=parse_time(spec.acquire_time),
         )
-        if not may_take(state, self.identity, now):
+        version = lease.metadata.resource_version if lease.metadata else None
+        stamp = lease_clock.LeaseStamp(state.holder, state.renew_time, version)
+        if not may_take(state, self.identity, self._clock.observe(LEASE_NAME, stamp)):
             self._valid_until = 0.0
             return
         if spec.holder_identity != self.identity:

@@ -3,6 +3,11 @@
 Pure conversions from the objects as the API server serves them (camelCase dicts: kopf
 bodies, `ApiClient.sanitize_for_serialization(...)`, or raw watch events) to the small
 frozen views of `dedup_operator.failover`. Missing fields read as the API's defaults.
+
+Leases (the partitions', the nodes' in `kube-node-lease`) are the one exception to
+"pure": their views say how long the operator has seen them unchanged, which only the
+operator process can know. The caller passes its `LeaseClock` (the observation memory,
+`dedup_worker.lease_clock`); without one every Lease reads as renewed just now.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dedup_operator.failover import (
     NodeView,
     PodView,
 )
+from dedup_worker.lease_clock import LeaseClock, LeaseStamp, is_free
 
 Obj = Mapping[str, Any]
 
@@ -42,17 +48,27 @@ def _meta(obj: Obj) -> Obj:
     return obj.get("metadata") or {}
 
 
-def node_view(node: Obj) -> NodeView:
+def node_view(
+    node: Obj,
+    heartbeat: Obj | None = None,
+    clock: LeaseClock | None = None,
+    lost_after: timedelta | None = None,
+) -> NodeView:
+    """`heartbeat`: the node's Lease in kube-node-lease (None: not read, the Ready
+    condition decides); `lost_after`: the policy's node_lost_after, for `heartbeat_stale`."""
     status = node.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     taints = (node.get("spec") or {}).get("taints") or []
     by = (_meta(node).get("annotations") or {}).get(names.ANNOTATION_TAINT_BY) or ""
+    age = None if heartbeat is None else lease_view(heartbeat, clock).unchanged_for
     return NodeView(
         name=str(_meta(node)["name"]),
         ready=str(ready.get("status", "Unknown")) if ready else "Unknown",
         ready_since=parse_time(ready.get("lastTransitionTime")) if ready else None,
         out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
         tainted_by=taint_owners(by),
+        heartbeat_age=age,
+        heartbeat_stale=age is not None and lost_after is not None and age >= lost_after,
     )
 
 
@@ -88,7 +104,12 @@ def worker_lease_name(pod: Obj) -> str | None:
     return names.lease(str(pipeline), int(partition))
 
 
-def node_pod(pod: Obj, worker_lease: Obj | None = None, worker: bool = False) -> NodePod:
+def node_pod(
+    pod: Obj,
+    worker_lease: Obj | None = None,
+    worker: bool = False,
+    clock: LeaseClock | None = None,
+) -> NodePod:
     """A pod on a node as the out-of-service taint sees it; `worker` (with its Lease, None
     if it has none) only for a dedup worker whose Lease the caller could read."""
     meta = _meta(pod)
@@ -101,7 +122,9 @@ def node_pod(pod: Obj, worker_lease: Obj | None = None, worker: bool = False) ->
         tolerates_out_of_service=tolerates_out_of_service(pod),
         finished=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
         worker=worker,
-        worker_lease=lease_view(worker_lease) if worker and worker_lease is not None else None,
+        worker_lease=(
+            lease_view(worker_lease, clock) if worker and worker_lease is not None else None
+        ),
     )
 
 
@@ -138,13 +161,25 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
     )
 
 
-def lease_view(lease: Obj) -> LeaseView:
+def lease_view(lease: Obj, clock: LeaseClock | None = None) -> LeaseView:
+    """The Lease, with how long `clock` (the operator's observation memory) has seen its
+    (holder, renewTime, resourceVersion) unchanged; zero without a clock or at first
+    sight. renewTime is never compared with the operator's wall clock."""
     spec = lease.get("spec") or {}
+    meta = _meta(lease)
+    holder = spec.get("holderIdentity") or None
+    renew = parse_time(spec.get("renewTime"))
+    duration_s = int(spec.get("leaseDurationSeconds") or 0)
+    unchanged_s = 0.0
+    if clock is not None:
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        unchanged_s = clock.observe(key, LeaseStamp(holder, renew, meta.get("resourceVersion")))
     return LeaseView(
-        holder=spec.get("holderIdentity") or None,
+        holder=holder,
         epoch=int(spec.get("leaseTransitions") or 0),
-        renew_time=parse_time(spec.get("renewTime")),
-        duration=timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0)),
+        duration=timedelta(seconds=duration_s),
+        unchanged_for=timedelta(seconds=unchanged_s),
+        free=is_free(holder, renew, parse_time(spec.get("acquireTime")), duration_s),
     )
 
 

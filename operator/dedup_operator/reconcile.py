@@ -68,6 +68,7 @@ from dedup_operator.status import (
     rfc3339,
     summary_conditions,
 )
+from dedup_worker.lease_clock import LeaseClock
 
 log = logging.getLogger("dedup_operator.reconcile")
 
@@ -96,6 +97,12 @@ class _Memory:
 
 _memories: dict[tuple[str, str], _Memory] = {}
 _memories_lock = threading.Lock()
+
+# When this operator process saw each Lease (partitions', nodes') change, on its monotonic
+# clock: a Lease has run out once unchanged for its duration (dedup_worker.lease_clock).
+# A restarted operator starts empty, so every held Lease is fresh at first sight: it waits
+# a full duration (nodeLostAfter for a node) before acting on one. Safe, and that slow.
+_lease_clock = LeaseClock()
 
 
 def _memory(namespace: str, name: str) -> _Memory:
@@ -195,7 +202,7 @@ def _lost_node_pods(
             log.warning("cannot read Lease %s/%s: %s", ns, lease_name, exc)
             pods.append(node_pod(pod))
             continue
-        pods.append(node_pod(pod, lease, worker=True))
+        pods.append(node_pod(pod, lease, worker=True, clock=_lease_clock))
     return replace(node, pods=tuple(pods))
 
 
@@ -257,7 +264,20 @@ def _reconcile(
     # -- observe
     raw_pods = kube.pods(namespace, name)
     leases = kube.leases(namespace, name)
-    nodes = {n.name: n for n in (node_view(o) for o in kube.nodes())}
+    heartbeats = kube.node_leases()  # None: unreadable, the Ready condition decides
+    lost_after = spec.failover.node_lost_after
+    nodes = {
+        n.name: n
+        for n in (
+            node_view(
+                o,
+                None if heartbeats is None else heartbeats.get(o["metadata"]["name"]),
+                _lease_clock,
+                lost_after,
+            )
+            for o in kube.nodes()
+        )
+    }
     vas = kube.volume_attachments()
     pods_by_partition: dict[int, list[PodView]] = {}
     pod_ips: dict[str, str] = {}
@@ -280,7 +300,7 @@ def _reconcile(
                 h_prev.get("reason") == HandoverReason.NODE_LOST.value
                 and lost is not None
                 and lost.pods is None
-                and lost.ready != "True"
+                and not lost.up
                 and not lost.out_of_service
             ):
                 nodes[lost.name] = _lost_node_pods(kube, lost, leases, namespace)
@@ -307,7 +327,7 @@ def _reconcile(
             partition=p,
             pods=tuple(pods_by_partition.get(p, [])),
             nodes=nodes,
-            lease=lease_view(lease_obj) if lease_obj else None,
+            lease=lease_view(lease_obj, _lease_clock) if lease_obj else None,
             attachments=attachments_of(vas, pv),
             handover=handover,
             desired_hash=desired_partition.template_hash(spec, p),

@@ -32,6 +32,7 @@ from dedup_operator import names
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 from dedup_operator.kube import Kube
 from dedup_operator.observed import format_micro_time, parse_time
+from dedup_worker import lease_clock
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
@@ -60,6 +61,7 @@ class Kubelets:
         self.errors: list[str] = []
         self.volumes: list[str] = []
         self._lock = threading.Lock()  # a lost node gets no late heartbeat
+        self._seen = lease_clock.LeaseClock()  # the fake workers' observations
 
     def create_volumes(self, pipeline: str, partitions: int) -> None:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
@@ -162,8 +164,9 @@ class Kubelets:
             self._hold_lease(pod)
 
     def _hold_lease(self, pod: Any) -> None:
-        """The worker's rule (CONTRACTS.md): take the Lease iff it is ours, or free or
-        expired with leaseTransitions < our epoch; then renew it."""
+        """The worker's rule (CONTRACTS.md, `dedup_worker.lease_clock`): take the Lease iff
+        it is ours, or free or seen unchanged for its duration with leaseTransitions < our
+        epoch; then renew it."""
         labels = pod.metadata.labels
         epoch = int(labels[names.LABEL_EPOCH])
         lease_name = names.lease(labels[names.LABEL_PIPELINE], int(labels[names.LABEL_PARTITION]))
@@ -171,10 +174,14 @@ class Kubelets:
         spec = lease.spec
         now = datetime.now(UTC)
         renew = parse_time(spec.renew_time)
-        expired = (
-            not spec.holder_identity
-            or renew is None
-            or (now - renew).total_seconds() >= (spec.lease_duration_seconds or 0)
+        duration = spec.lease_duration_seconds or 0
+        stamp = lease_clock.LeaseStamp(spec.holder_identity, renew, lease.metadata.resource_version)
+        expired = lease_clock.expired(
+            lease_clock.is_free(
+                spec.holder_identity, renew, parse_time(spec.acquire_time), duration
+            ),
+            self._seen.observe((pod.metadata.name, lease_name), stamp),
+            duration,
         )
         ours = spec.holder_identity == pod.metadata.name
         if not ours and not (expired and (spec.lease_transitions or 0) < epoch):
@@ -307,8 +314,13 @@ def _fail_over(
         order = ["fenced", "released", "detached", "started", "ready"]
         assert set(steps) == set(order), steps
         assert all(steps[a] <= steps[b] for a, b in itertools.pairwise(order)), steps
-        lease = client.CoordinationV1Api(api).read_namespaced_lease("events-p0", ns.name)
-        assert lease.spec.holder_identity == "events-p0-e2"
+        # the fake worker (as a real one) sees the old hold unchanged for a full duration on
+        # its own clock before it takes the Lease (dedup_worker.lease_clock)
+        def taken() -> Any:
+            lease = client.CoordinationV1Api(api).read_namespaced_lease("events-p0", ns.name)
+            return lease if lease.spec.holder_identity == "events-p0-e2" else None
+
+        lease = wait_for(taken, LEASE_S * 3, "the replacement to take the Lease", every=0.2)
         assert lease.spec.lease_transitions == 2
         # the lost node was tainted out-of-service to release the volume
         assert OUT_OF_SERVICE_TAINT in taints(api, lost)

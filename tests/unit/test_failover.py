@@ -1,13 +1,18 @@
 """The per-partition decision (dedup_operator.failover): every step of a handover from
-observed state alone, idempotent, and resumable by an operator that restarted."""
+observed state alone, idempotent, and resumable by an operator that restarted.
+
+`lease(..., renewed=X)` is a Lease the operator saw renewed (changed) at s(X) on its own
+clock; `partition_action` below turns it into what the shell passes: how long it has
+been seen unchanged at the decision's `now` (no renewTime: never a wall clock)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dedup_operator import failover
 from dedup_operator.failover import (
     AttachmentView,
     BeginHandover,
@@ -15,6 +20,7 @@ from dedup_operator.failover import (
     CompleteHandover,
     CreateLease,
     CreatePod,
+    Decision,
     DeletePods,
     FailoverPolicy,
     Handover,
@@ -28,8 +34,8 @@ from dedup_operator.failover import (
     ReleaseVolume,
     Steady,
     TaintOutOfService,
+    full_disruption,
     join_out_of_service_taint,
-    partition_action,
     remove_out_of_service_taint,
 )
 
@@ -65,15 +71,36 @@ def pod(epoch: int, node_name: str | None = "a", **kw: object) -> PodView:
     return PodView(name=f"events-p0-e{epoch}", epoch=epoch, node=node_name, **fields)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class SeenLease(LeaseView):
+    """A Lease the operator saw change at s(seen_at)."""
+
+    seen_at: float = 0
+
+
 def lease(
     epoch: int, holder: str | None = None, renewed: float = 0, duration: float = 5
 ) -> LeaseView:
-    return LeaseView(
-        holder=holder,
-        epoch=epoch,
-        renew_time=s(renewed) if holder else None,
-        duration=timedelta(seconds=duration),
-    )
+    return SeenLease(holder=holder, epoch=epoch, duration=timedelta(seconds=duration),
+                     seen_at=renewed)  # fmt: skip
+
+
+def _at(view: LeaseView | None, now: datetime) -> LeaseView | None:
+    if not isinstance(view, SeenLease):
+        return view
+    unchanged = max(now - s(view.seen_at), timedelta(0))
+    return LeaseView(view.holder, view.epoch, view.duration, unchanged, view.free)
+
+
+def partition_action(o: PartitionObservation, policy: FailoverPolicy, now: datetime) -> Decision:
+    """failover.partition_action on the observation as the shell makes it at `now`."""
+    nodes = {
+        k: n
+        if n.pods is None
+        else replace(n, pods=tuple(replace(p, worker_lease=_at(p.worker_lease, now)) for p in n.pods))
+        for k, n in o.nodes.items()
+    }  # fmt: skip
+    return failover.partition_action(replace(o, lease=_at(o.lease, now), nodes=nodes), policy, now)
 
 
 def obs(**kw: object) -> PartitionObservation:
@@ -498,3 +525,113 @@ def test_unschedulable_first_pod_degrades_after_the_wait() -> None:
     assert d.degraded is None
     d = partition_action(obs(pods=(stuck,)), POLICY, s(120))
     assert d.degraded is not None and "no nodes" in d.degraded
+
+
+# ------------------------------------------- heartbeats, clocks and full disruption
+def beating(name: str, age: float, ready: str = "True", stale_after: float = 10) -> NodeView:
+    """A node whose Lease (kube-node-lease) the operator has seen unchanged for `age` s;
+    its Ready condition as the node lifecycle controller last set it."""
+    return replace(
+        node(name, ready),
+        heartbeat_age=timedelta(seconds=age),
+        heartbeat_stale=age >= stale_after,
+    )
+
+
+def test_node_lost_from_its_stale_lease_while_ready_still_says_true() -> None:
+    """The controller flips Ready only after its grace period (40-50 s); the node's Lease
+    seen unchanged for node_lost_after decides first."""
+    late = {"a": beating("a", 9.5), "b": beating("b", 1)}
+    assert partition_action(obs(nodes=late), POLICY, s(10)).action == Steady()
+    lost = {"a": beating("a", 10), "b": beating("b", 1)}
+    d = partition_action(obs(nodes=lost), POLICY, s(10))
+    assert d.action == BeginHandover(node_lost_handover())
+
+
+def test_a_heartbeating_node_is_not_lost_whatever_its_ready_condition() -> None:
+    nodes = {"a": beating("a", 2, ready="Unknown"), "b": beating("b", 1)}
+    d = partition_action(obs(nodes=nodes), POLICY, s(100))
+    assert isinstance(d.action, Steady)
+    assert not isinstance(d.action, BeginHandover)
+
+
+def test_stale_heartbeat_with_ready_true_after_fencing_is_not_a_healed_node() -> None:
+    """Ready still True (the controller's grace period) is not 'back': the lost node is
+    released as lost (tainted), never gracefully."""
+    nodes = {"a": replace(beating("a", 13), pods=(our_worker(renewed=0),)), "b": beating("b", 1)}
+    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))  # fmt: skip
+    assert d.action == TaintOutOfService("a")
+    fenced = replace(node_lost_handover(), steps={"fenced": 3.0})
+    # heartbeating again and Ready: released gracefully, never tainted
+    nodes = {"a": beating("a", 1), "b": beating("b", 1)}
+    d = partition_action(obs(nodes=nodes, handover=fenced, lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))  # fmt: skip
+    assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (NodeLost)")
+    assert d.handover is not None and d.handover.release == Release.GRACEFUL
+
+
+def test_full_disruption_starts_no_node_loss_handover() -> None:
+    """Every node's heartbeat stale together: the control plane (or the operator's view
+    of it), not the nodes. No handover, no taint, until some node heartbeats again."""
+    all_stale = {"a": beating("a", 30), "b": beating("b", 30)}
+    assert full_disruption(all_stale, POLICY.node_lost_after, s(30))
+    d = partition_action(obs(nodes=all_stale), POLICY, s(30))
+    assert isinstance(d.action, Steady) and d.handover is None
+    assert "full disruption" in (d.action.waiting_for or "")
+    # a handover already fenced does not taint during one either
+    nodes = {"a": replace(beating("a", 30), pods=(our_worker(renewed=0),)), "b": beating("b", 30)}
+    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1, "events-p0-e1", 0)), POLICY, s(30))  # fmt: skip
+    assert isinstance(d.action, Steady) and "full disruption" in (d.action.waiting_for or "")
+    # one node heartbeating: the lost one is lost
+    one_alive = {"a": beating("a", 30), "b": beating("b", 1)}
+    assert not full_disruption(one_alive, POLICY.node_lost_after, s(30))
+    assert isinstance(partition_action(obs(nodes=one_alive), POLICY, s(30)).action, BeginHandover)
+    # without node Leases the Ready condition says the same
+    not_ready = {"a": node("a", "Unknown", since=0), "b": node("b", "False", since=0)}
+    assert isinstance(partition_action(obs(nodes=not_ready), POLICY, s(30)).action, Steady)
+
+
+def test_a_restarted_operator_waits_a_full_duration_before_fencing() -> None:
+    """No history after a restart: every held Lease is fresh at first sight."""
+    from dedup_operator.observed import lease_view
+    from dedup_worker.lease_clock import LeaseClock
+
+    raw = {
+        "metadata": {"namespace": "ns", "name": "events-p0", "resourceVersion": "7"},
+        "spec": {"holderIdentity": "events-p0-e1", "leaseTransitions": 1,
+                 "leaseDurationSeconds": 5, "renewTime": "2020-01-01T00:00:00.000000Z"},
+    }  # fmt: skip
+    t = [0.0]
+    restarted = LeaseClock(monotonic=lambda: t[0])
+    lost = {**NODES, "a": node("a", "Unknown", since=0, pods=(our_worker(renewed=0),))}
+    for at, fenced in ((0.0, False), (4.9, False), (5.0, True)):
+        t[0] = at
+        view = lease_view(raw, restarted)
+        d = failover.partition_action(
+            obs(nodes=lost, handover=node_lost_handover(), lease=view), POLICY, s(100 + at)
+        )
+        assert ("fenced" in (d.handover.steps if d.handover else {})) is fenced, at
+
+
+@pytest.mark.parametrize("skew_s", [-30, 30])
+def test_skewed_renew_time_makes_no_difference(skew_s: int) -> None:
+    """A healthy worker whose clock is 30 s behind (renewTime looks old) or ahead is never
+    taken for fenced while it renews: only changes seen on the operator's clock count."""
+    from dedup_operator.observed import format_micro_time, lease_view
+    from dedup_worker.lease_clock import LeaseClock
+
+    t = [0.0]
+    clock = LeaseClock(monotonic=lambda: t[0])
+    wall = datetime(2026, 11, 22, 12, 0, tzinfo=UTC) + timedelta(seconds=skew_s)
+    for i in range(20):  # renewed every 2 s (duration 5 s) for 40 s
+        t[0] = 2.0 * i
+        raw = {
+            "metadata": {"namespace": "ns", "name": "events-p0", "resourceVersion": str(i)},
+            "spec": {"holderIdentity": "events-p0-e1", "leaseTransitions": 1,
+                     "leaseDurationSeconds": 5,
+                     "renewTime": format_micro_time(wall + timedelta(seconds=2 * i)),
+                     "acquireTime": format_micro_time(wall)},
+        }  # fmt: skip
+        view = lease_view(raw, clock)
+        assert not view.expired() and view.remaining() == timedelta(seconds=5)
+        d = failover.partition_action(obs(lease=view), POLICY, s(t[0]))
+        assert d.action == Steady()

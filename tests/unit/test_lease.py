@@ -1,5 +1,7 @@
 """The partition Lease's rules (dedup_worker.lease): who may take it, when the holder
-still holds it, and what it writes."""
+still holds it, and what it writes. Expiry is `dedup_worker.lease_clock`'s rule: seen
+unchanged for a duration on the reader's monotonic clock (`unchanged_for_s` below);
+renewTime is only ever compared with acquireTime, written by the same clock."""
 
 from __future__ import annotations
 
@@ -34,29 +36,40 @@ def lease(
 
 
 @pytest.mark.parametrize(
-    ("observed", "expected"),
+    ("observed", "unchanged_for_s"),
     [
-        # free (as the operator creates it), older epoch
-        (lease(), Acquire()),
-        (lease(transitions=1), Acquire()),
-        # expired hold of an older epoch: taken at once, however long ago it expired
-        (lease("events-p0-e1", 1, renewed_ago_s=15), Acquire()),
-        (lease("events-p0-e1", 1, renewed_ago_s=3600), Acquire()),
+        # free (as the operator creates it), older epoch: at first sight
+        (lease(), 0),
+        (lease(transitions=1), 0),
+        # an older epoch's hold seen unchanged for its duration: taken at once
+        (lease("events-p0-e1", 1, renewed_ago_s=0), 15),
+        (lease("events-p0-e1", 1, renewed_ago_s=0), 3600),
         # already ours (this pod's worker restarted): taken back, expired or not
-        (lease("events-p0-e2", 2, renewed_ago_s=1), Acquire()),
-        (lease("events-p0-e2", 2, renewed_ago_s=100), Acquire()),
+        (lease("events-p0-e2", 2, renewed_ago_s=1), 0),
+        (lease("events-p0-e2", 2, renewed_ago_s=100), 100),
     ],
 )
-def test_worker_takes_a_free_expired_or_own_lease(observed: LeaseRecord, expected: Acquire) -> None:
-    assert decide(observed, ME, NOW) == expected
+def test_worker_takes_a_free_expired_or_own_lease(
+    observed: LeaseRecord, unchanged_for_s: float
+) -> None:
+    assert decide(observed, ME, unchanged_for_s) == Acquire()
 
 
 def test_worker_waits_for_an_older_epochs_live_hold_to_expire() -> None:
-    decision = decide(lease("events-p0-e1", 1, renewed_ago_s=5), ME, NOW)
-    assert decision == Wait(holder="events-p0-e1", until=NOW + timedelta(seconds=10))
-    # expiry is renewTime + leaseDurationSeconds, exactly (the operator's rule)
-    assert decide(lease("events-p0-e1", 1, renewed_ago_s=14.999), ME, NOW) != Acquire()
-    assert decide(lease("events-p0-e1", 1, renewed_ago_s=15), ME, NOW) == Acquire()
+    held_e1 = lease("events-p0-e1", 1, renewed_ago_s=0)
+    assert decide(held_e1, ME, 5) == Wait(holder="events-p0-e1", remaining_s=10)
+    # expiry is a full leaseDurationSeconds seen unchanged, exactly (the operator's rule)
+    assert decide(held_e1, ME, 14.999) != Acquire()
+    assert decide(held_e1, ME, 15) == Acquire()
+
+
+@pytest.mark.parametrize("skew_s", [-3600, -30, 0, 30, 3600])
+def test_the_holders_clock_makes_no_difference(skew_s: float) -> None:
+    """renewTime 30 s or an hour off (old or new) looks the same: at first sight a held
+    Lease has a full duration to go; after a duration unchanged it has run out."""
+    skewed = lease("events-p0-e1", 1, renewed_ago_s=-skew_s)
+    assert decide(skewed, ME, 0) == Wait(holder="events-p0-e1", remaining_s=15)
+    assert decide(skewed, ME, 15) == Acquire()
 
 
 @pytest.mark.parametrize(
@@ -69,7 +82,7 @@ def test_worker_waits_for_an_older_epochs_live_hold_to_expire() -> None:
     ],
 )
 def test_worker_of_an_old_epoch_is_superseded(observed: LeaseRecord) -> None:
-    decision = decide(observed, ME, NOW)
+    decision = decide(observed, ME, 10**6)
     assert isinstance(decision, Superseded)
     assert str(observed.transitions) in decision.reason
 
@@ -94,11 +107,15 @@ def test_released_lease_counts_as_expired_now_and_keeps_its_holder() -> None:
     mine = taken(lease(), ME, NOW)
     out = released(mine, NOW + timedelta(seconds=7))
     assert out.holder == ME.identity and out.transitions == ME.epoch
-    assert out.expired(NOW + timedelta(seconds=7))
-    assert not mine.expired(NOW + timedelta(seconds=7))
-    # the next epoch takes it at once; this pod's restarted worker takes it back
-    assert decide(out, Claim("events-p0-e3", 3, 15), NOW + timedelta(seconds=7)) == Acquire()
-    assert decide(out, ME, NOW + timedelta(seconds=7)) == Acquire()
+    assert out.free() and out.expired(unchanged_for_s=0)
+    assert not mine.free() and not mine.expired(unchanged_for_s=0)
+    # renewTime is one duration before acquireTime: both from the holder's clock
+    assert out.acquire_time == NOW and out.renew_time == NOW - timedelta(seconds=15)
+    # the next epoch takes it at once, at first sight; this pod's restarted worker too
+    assert decide(out, Claim("events-p0-e3", 3, 15), 0) == Acquire()
+    assert decide(out, ME, 0) == Acquire()
+    # renewed again (its worker came back): held, not free
+    assert not taken(out, ME, NOW + timedelta(seconds=8)).free()
 
 
 def test_is_ours_needs_both_identity_and_epoch() -> None:

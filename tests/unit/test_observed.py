@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dedup_operator.failover import LeaseView
 from dedup_operator.observed import (
     attachments_of,
     format_micro_time,
@@ -17,6 +18,7 @@ from dedup_operator.observed import (
     tolerates_out_of_service,
     worker_lease_name,
 )
+from dedup_worker.lease_clock import LeaseClock
 
 
 def test_node_view_reads_ready_condition_and_out_of_service_taint() -> None:
@@ -87,9 +89,34 @@ def test_lease_view_and_expiry() -> None:
     }
     view = lease_view(lease)
     assert (view.holder, view.epoch, view.duration) == ("events-p0-e3", 3, timedelta(seconds=15))
-    assert view.expires_at() == datetime(2026, 11, 22, 10, 0, 15, 250000, tzinfo=UTC)
+    # renewTime is from 2026-11-22 (long ago, or another clock): no clock, no history ->
+    # renewed just now, a full duration to go
+    assert not view.expired() and view.remaining() == timedelta(seconds=15)
     free = lease_view({"spec": {"leaseDurationSeconds": 15}})
-    assert free.holder is None and free.epoch == 0 and free.expired(datetime.now(UTC))
+    assert free.holder is None and free.epoch == 0 and free.expired()
+
+
+def test_lease_view_counts_on_the_operators_clock() -> None:
+    t = [100.0]
+    clock = LeaseClock(monotonic=lambda: t[0])
+
+    def seen(renew: str, version: str, holder: str = "events-p0-e3") -> LeaseView:
+        meta = {"namespace": "ns", "name": "events-p0", "resourceVersion": version}
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renew,
+                "acquireTime": "2026-11-22T09:00:00.000000Z"}  # fmt: skip
+        return lease_view({"metadata": meta, "spec": spec}, clock)
+
+    assert seen("2026-11-22T10:00:00.000000Z", "1").unchanged_for == timedelta(0)
+    t[0] = 114.9
+    assert not seen("2026-11-22T10:00:00.000000Z", "1").expired()
+    t[0] = 115.0
+    assert seen("2026-11-22T10:00:00.000000Z", "1").expired()
+    # a renewal (any change) restarts the count, whatever time it writes (here: older)
+    t[0] = 116.0
+    view = seen("2026-11-22T09:59:00.000000Z", "2")
+    assert view.unchanged_for == timedelta(0) and view.remaining() == timedelta(seconds=15)
+    # released by its holder: renewTime a duration before acquireTime -> free at once
+    assert seen("2026-11-22T08:59:45.000000Z", "3").expired()
 
 
 def test_attachments_of_one_volume() -> None:

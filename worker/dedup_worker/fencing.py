@@ -34,6 +34,7 @@ from dedup_worker.lease import (
     renewed,
     taken,
 )
+from dedup_worker.lease_clock import LeaseClock, skewed_utc_now
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ class AlwaysHeld:
 
 
 def _utc_now() -> datetime:
-    return datetime.now(UTC)
+    """What the worker writes into its Lease: UTC now, or, with the test-only
+    DEDUP_FAULT_CLOCK_SKEW_S, a clock that far off (nobody reads it as a deadline)."""
+    return skewed_utc_now()
 
 
 def _api_errors() -> tuple[type[BaseException], ...]:
@@ -114,6 +117,7 @@ def _record(lease: Any) -> LeaseRecord:
         renew_time=spec.renew_time,
         duration_s=spec.lease_duration_seconds,
         acquire_time=spec.acquire_time,
+        resource_version=lease.metadata.resource_version if lease.metadata else None,
     )
 
 
@@ -145,6 +149,7 @@ class LeaseToken:
         self.timing = timing
         self._wall = wall
         self._monotonic = monotonic
+        self._clock = LeaseClock(monotonic)  # when we saw the Lease change (takeover rule)
         self._errors = _api_errors()
         self._lease: Any = None  # the V1Lease as last read or written
         self._held_until: float | None = None
@@ -201,7 +206,8 @@ class LeaseToken:
                 record = _record(lease)
                 sent = self._monotonic()  # before the renewTime we may write: never later
                 now = self._wall()
-                decision = decide(record, self.claim, now)
+                unchanged_for = self._clock.observe(self.where, record.stamp())
+                decision = decide(record, self.claim, unchanged_for)
                 if isinstance(decision, Superseded):
                     raise Fenced(f"{self.where} is not ours to take: {decision.reason}")
                 if isinstance(decision, Acquire):
@@ -219,8 +225,11 @@ class LeaseToken:
                     )
                     return True
                 assert isinstance(decision, Wait)
-                problem = f"held by {decision.holder} until {decision.until.isoformat()}"
-                delay = min(delay, max(0.05, (decision.until - now).total_seconds()))
+                problem = (
+                    f"held by {decision.holder}, not seen unchanged for its duration yet "
+                    f"({decision.remaining_s:.1f}s to go)"
+                )
+                delay = min(delay, max(0.05, decision.remaining_s))
             except self._errors as exc:
                 status = getattr(exc, "status", None)
                 if status == 409:
@@ -265,10 +274,13 @@ class LeaseToken:
                 self._write(lease, released(_record(lease), self._wall()))
             log.info("released the Lease", extra={"lease": self.where})
         except self._errors as exc:
-            expiry = _record(lease).expires_at()
             log.warning(
                 "could not release the Lease; it expires by itself",
-                extra={"lease": self.where, "expires": str(expiry), "error": _brief(exc)},
+                extra={
+                    "lease": self.where,
+                    "duration_s": self.claim.duration_s,
+                    "error": _brief(exc),
+                },
             )
 
     def _renew_loop(self) -> None:

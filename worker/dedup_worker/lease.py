@@ -5,8 +5,8 @@ One `coordination.k8s.io/v1` Lease per partition fences its workers (CONTRACTS.m
 - `spec.holderIdentity` is the pod holding it, `<pipeline>-p<N>-e<epoch>`;
 - `spec.leaseTransitions` is the epoch: the worker started for epoch E writes E when it
   takes the Lease, so a worker of an older epoch can tell it was superseded;
-- others judge expiry by the Lease's own `renewTime + leaseDurationSeconds` (wall clock:
-  all another party can see);
+- others judge expiry by `dedup_worker.lease_clock`: a full `leaseDurationSeconds` with no
+  change seen, on the reader's own monotonic clock (never the holder's wall clock);
 - the holder judges its own hold by its *monotonic* clock: held only while
   `now < (when the last successful renew request was sent) + renew deadline`, with the
   renew deadline shorter than the duration, so the holder stops committing before anyone
@@ -20,7 +20,9 @@ renews it in the background is `dedup_worker.fencing.LeaseToken`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
+
+from dedup_worker import lease_clock
 
 
 @dataclass(frozen=True)
@@ -32,17 +34,22 @@ class LeaseRecord:
     renew_time: datetime | None
     duration_s: int | None
     acquire_time: datetime | None = None
+    resource_version: str | None = None
 
-    def expires_at(self) -> datetime | None:
-        """When others may take it; None when nobody holds it (free)."""
-        if not self.holder or self.renew_time is None or not self.duration_s:
-            return None
-        return self.renew_time + timedelta(seconds=self.duration_s)
+    def free(self) -> bool:
+        """Nobody holds it: no holder, or released (`lease_clock.is_free`)."""
+        return not self.duration_s or lease_clock.is_free(
+            self.holder, self.renew_time, self.acquire_time, self.duration_s
+        )
 
-    def expired(self, now: datetime) -> bool:
-        """Free, or not renewed within its duration (the operator's rule, too)."""
-        expiry = self.expires_at()
-        return expiry is None or now >= expiry
+    def stamp(self) -> lease_clock.LeaseStamp:
+        """What a reader's `LeaseClock` watches for changes."""
+        return lease_clock.LeaseStamp(self.holder, self.renew_time, self.resource_version)
+
+    def expired(self, unchanged_for_s: float) -> bool:
+        """Free, or seen unchanged for its duration (`lease_clock.expired`, the operator's
+        rule too)."""
+        return lease_clock.expired(self.free(), unchanged_for_s, float(self.duration_s or 0))
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ class Wait:
     """Held, unexpired, by a worker of an older epoch: wait until it expires."""
 
     holder: str
-    until: datetime
+    remaining_s: float  # with no change seen, on the reader's monotonic clock
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,10 @@ class Superseded:
 Decision = Acquire | Wait | Superseded
 
 
-def decide(lease: LeaseRecord, claim: Claim, now: datetime) -> Decision:
-    """What a worker starting for `claim` does about the observed `lease` at `now`."""
+def decide(lease: LeaseRecord, claim: Claim, unchanged_for_s: float) -> Decision:
+    """What a worker starting for `claim` does about the observed `lease`, which it has
+    seen unchanged for `unchanged_for_s` seconds on its own monotonic clock
+    (`lease_clock.LeaseClock`: 0 at first sight)."""
     if lease.holder == claim.identity:
         if lease.transitions <= claim.epoch:
             return Acquire()  # ours already: a restart of the same pod's worker
@@ -99,11 +108,11 @@ def decide(lease: LeaseRecord, claim: Claim, now: datetime) -> Decision:
         return Superseded(
             f"its epoch is {lease.transitions}{by}, not older than ours ({claim.epoch})"
         )
-    expiry = lease.expires_at()
-    if expiry is None or now >= expiry:
+    if lease.expired(unchanged_for_s):
         return Acquire()
     assert lease.holder is not None
-    return Wait(holder=lease.holder, until=expiry)
+    remaining = lease_clock.remaining_s(False, unchanged_for_s, float(lease.duration_s or 0))
+    return Wait(holder=lease.holder, remaining_s=remaining)
 
 
 def is_ours(lease: LeaseRecord, claim: Claim) -> bool:
@@ -130,11 +139,12 @@ def renewed(lease: LeaseRecord, now: datetime) -> LeaseRecord:
 
 def released(lease: LeaseRecord, now: datetime) -> LeaseRecord:
     """The Lease as a cleanly stopping holder leaves it: holder and epoch kept (the record
-    of who had it last), `renewTime` moved back one duration so that it counts as expired
-    now for everyone: the operator may start the next epoch at once, and the same pod's
+    of who had it last), `renewTime` one duration before `acquireTime`
+    (`lease_clock.release_times`) so that every reader counts it as free at once,
+    whatever its clock: the operator may start the next epoch at once, and the same pod's
     worker, restarted, takes it back as its own."""
-    duration = timedelta(seconds=lease.duration_s or 0)
-    return replace(lease, renew_time=now - duration)
+    acquired, renew = lease_clock.release_times(lease.acquire_time, lease.duration_s or 0, now)
+    return replace(lease, renew_time=renew, acquire_time=acquired)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,140 @@
+"""When a Lease counts as run out: the one rule, for every reader of a Lease.
+
+Used by the worker (taking its partition's Lease from an older epoch), the operator's
+failover (is the old worker fenced? is a node's heartbeat stale?) and the operator's
+leader election. Nobody else may judge a Lease's expiry.
+
+**No reader compares the holder's wall clock with its own.** `renewTime` is written by
+the holder's clock; another machine's clock may be seconds or minutes off. As client-go's
+leader election does, a reader records *when it observed* the Lease's
+`(holderIdentity, renewTime, resourceVersion)` change, on its own monotonic clock
+(`LeaseClock.observe`), and the Lease has run out only once `leaseDurationSeconds` has
+passed on that clock since, with no change seen (`expired`). A skewed holder changes
+nothing: any write it makes is a change, whatever time it writes.
+
+A reader with no history (a restarted operator, a worker just started) sees every held
+Lease as renewed at first sight and waits a full duration. That is the safe choice: it
+costs at most one duration after a restart and never lets two holders overlap.
+
+A Lease is *free* (taken at once) when it names no holder, or when its holder released
+it: `released()` writes `renewTime` one duration before `acquireTime`, two times from the
+same (holder's) clock, so whether it was released never depends on the reader's clock.
+
+The holder judges its own hold by its own monotonic renew deadline
+(`dedup_worker.lease.LeaseTiming`), shorter than the duration, so it stops committing
+before any reader may count the Lease as run out.
+
+Fault injection (tests only): `DEDUP_FAULT_CLOCK_SKEW_S` (seconds, may be negative)
+shifts the wall-clock times the worker writes into its Lease (`renewTime`,
+`acquireTime`), as a node whose clock is that far off would. Unset in production.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+SKEW_ENV = "DEDUP_FAULT_CLOCK_SKEW_S"
+
+
+@dataclass(frozen=True)
+class LeaseStamp:
+    """What identifies one renewal of a Lease: any change of these is a renewal (or a
+    takeover) that restarts the reader's count."""
+
+    holder: str | None
+    renew_time: datetime | None
+    resource_version: str | None
+
+
+def is_free(
+    holder: str | None,
+    renew_time: datetime | None,
+    acquire_time: datetime | None,
+    duration_s: float,
+) -> bool:
+    """Nobody holds it: no holder, never renewed, or released by its holder."""
+    return not holder or renew_time is None or released(renew_time, acquire_time, duration_s)
+
+
+def released(renew_time: datetime | None, acquire_time: datetime | None, duration_s: float) -> bool:
+    """Given up by its holder: `renewTime` at least one duration before `acquireTime`
+    (how `release_times` writes it). A holder renewing writes `renewTime >= acquireTime`
+    from the same clock, so this never depends on whose clock reads it."""
+    if renew_time is None or acquire_time is None or duration_s <= 0:
+        return False
+    return renew_time <= acquire_time - timedelta(seconds=duration_s)
+
+
+def release_times(
+    acquire_time: datetime | None, duration_s: float, wall_now: datetime
+) -> tuple[datetime, datetime]:
+    """(acquireTime, renewTime) a holder writes when it gives the Lease up."""
+    acquired = acquire_time if acquire_time is not None else wall_now
+    return acquired, acquired - timedelta(seconds=max(duration_s, 1))
+
+
+def expired(free: bool, unchanged_for_s: float, duration_s: float) -> bool:
+    """The rule: free, or observed unchanged for a full duration on the reader's clock."""
+    return free or unchanged_for_s >= duration_s
+
+
+def remaining_s(free: bool, unchanged_for_s: float, duration_s: float) -> float:
+    """Seconds until `expired` turns true with no change seen (0 once it is)."""
+    return 0.0 if free else max(0.0, duration_s - unchanged_for_s)
+
+
+class LeaseClock:
+    """The reader's memory of when it saw each Lease change, on its monotonic clock.
+
+    `observe(key, stamp)` returns for how many seconds this reader has seen `stamp`
+    unchanged: 0 at first sight (no history: treated as just renewed) and whenever the
+    stamp differs from the one last seen. Thread-safe. Entries not observed for
+    `forget_after_s` are dropped (a Lease gone or no longer looked at).
+    """
+
+    def __init__(
+        self,
+        monotonic: Callable[[], float] = time.monotonic,
+        forget_after_s: float = 600.0,
+    ) -> None:
+        self._monotonic = monotonic
+        self._forget_after_s = forget_after_s
+        self._lock = threading.Lock()
+        # key -> (stamp, monotonic time first seen, monotonic time last seen)
+        self._seen: dict[Hashable, tuple[LeaseStamp, float, float]] = {}
+        self._last_prune = monotonic()
+
+    def observe(self, key: Hashable, stamp: LeaseStamp) -> float:
+        now = self._monotonic()
+        with self._lock:
+            if now - self._last_prune > self._forget_after_s:
+                self._seen = {
+                    k: v for k, v in self._seen.items() if now - v[2] <= self._forget_after_s
+                }
+                self._last_prune = now
+            previous = self._seen.get(key)
+            if previous is None or previous[0] != stamp:
+                self._seen[key] = (stamp, now, now)
+                return 0.0
+            self._seen[key] = (stamp, previous[1], now)
+            return max(0.0, now - previous[1])
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+
+
+def clock_skew_s() -> float:
+    """The injected wall-clock skew (tests only; 0 unless `DEDUP_FAULT_CLOCK_SKEW_S`)."""
+    raw = os.environ.get(SKEW_ENV, "").strip()
+    return float(raw) if raw else 0.0
+
+
+def skewed_utc_now() -> datetime:
+    """The wall clock a Lease holder writes with: UTC now, shifted by the injected skew."""
+    return datetime.now(UTC) + timedelta(seconds=clock_skew_s())
