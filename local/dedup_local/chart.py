@@ -36,6 +36,17 @@ metadata:
 """
 
 
+LOCAL_CLUSTER_VALUES = (
+    # The project's image as the local store holds it (dedup_local.image tags each build
+    # :dev; the local cluster never pulls).
+    "image.repository=localhost/dedup-operator",
+    "image.tag=dev",
+    # The local cluster's pods share the host's network: each listens on its own pod IP.
+    "operator.bindPodIP=true",
+)
+"""`--set` values that install the chart on the local cluster (tests, `make demo`)."""
+
+
 class HelmError(RuntimeError):
     """helm failed; the message is what it printed on stderr."""
 

@@ -16,7 +16,12 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
                   (`dedup_worker.lease_clock`, the one expiry rule), so the old worker
                   (renew deadline < duration, on its own monotonic clock) has stopped
                   committing. Wall-clock `renewTime`s are never compared across machines;
-                  an operator that restarted has no history and waits a full duration;
+                  an operator that restarted has no history and waits a full duration.
+                  The operator then clears the Lease's holder with a compare-and-set on
+                  the resourceVersion it saw unchanged (`FenceLease`): a renewal that came
+                  in between makes the write fail and the wait start again, and once it
+                  succeeds the old worker can never renew again (its re-read names nobody:
+                  fenced) while the next epoch's worker takes the free Lease at once;
 2. **released** - the old pod is gone. How (recorded as the handover's `release`):
                   - `Graceful`: the old node is Ready again (it healed after its worker
                     fenced): the old pod is deleted gracefully, the node unmounts and the
@@ -128,6 +133,7 @@ class LeaseView:
     unchanged_for: timedelta = timedelta(0)
     # nobody holds it: never renewed, or released by its holder (`lease_clock.is_free`)
     free: bool = False
+    resource_version: str | None = None  # as seen: `FenceLease` writes on it
 
     def expired(self) -> bool:
         """Free, or seen unchanged for a full duration (`lease_clock.expired`)."""
@@ -330,6 +336,16 @@ class DeletePods:
 
 
 @dataclass(frozen=True)
+class FenceLease:
+    """The old holder's Lease has run out on the operator's clock: clear its holder
+    (epoch kept) with a compare-and-set on `resource_version`, the version seen unchanged.
+    A 409 means it was renewed meanwhile: the next pass waits again."""
+
+    holder: str
+    resource_version: str | None
+
+
+@dataclass(frozen=True)
 class TaintOutOfService:
     node: str
 
@@ -357,8 +373,8 @@ class CancelHandover:
 
 
 Action = (
-    Steady | CreateLease | CreatePod | DeletePods | TaintOutOfService | BeginHandover
-    | CompleteHandover | CancelHandover
+    Steady | CreateLease | CreatePod | DeletePods | FenceLease | TaintOutOfService
+    | BeginHandover | CompleteHandover | CancelHandover
 )  # fmt: skip
 
 
@@ -468,6 +484,9 @@ def _continue_handover(
         waiting = _lease_wait(obs, now)
         if waiting is not None:
             return Decision(waiting, h)
+        fence = _fence_lease(obs)
+        if fence is not None:
+            return Decision(fence, h)
         h = h.mark("fenced", now)
         # 2. released: the old pods are gone.
         if old:
@@ -488,6 +507,9 @@ def _continue_handover(
             waiting = _lease_wait(obs, now)
             if waiting is not None:
                 return Decision(waiting, h)
+            fence = _fence_lease(obs)
+            if fence is not None:
+                return Decision(fence, h)
     else:
         # On a healthy node the old worker is stopped first (SIGTERM: it finishes its
         # batch and gives up its Lease), then its Lease must be free or run out.
@@ -497,6 +519,9 @@ def _continue_handover(
         waiting = _lease_wait(obs, now)
         if waiting is not None:
             return Decision(waiting, h)
+        fence = _fence_lease(obs)
+        if fence is not None:
+            return Decision(fence, h)
         h = h.mark("fenced", now)
 
     # 3. detached: no VolumeAttachment of the volume is left.
@@ -530,6 +555,14 @@ def _lease_wait(obs: PartitionObservation, now: datetime) -> Steady | None:
     return Steady(
         waiting_for=f"Lease held by {lease.holder} to expire", until=now + lease.remaining()
     )
+
+
+def _fence_lease(obs: PartitionObservation) -> FenceLease | None:
+    """A Lease run out but still naming its holder: clear it (None: free already)."""
+    lease = obs.lease
+    if lease is None or lease.free or not lease.holder:
+        return None
+    return FenceLease(lease.holder, lease.resource_version)
 
 
 def _graceful(old: Sequence[PodView], h: Handover) -> Action:

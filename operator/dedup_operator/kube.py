@@ -318,6 +318,21 @@ class Kube:
             return None
         return {o["metadata"]["name"]: o for o in (self._json(lease) for lease in found.items)}
 
+    def fence_lease(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        """Clear a run-out Lease's holder (epoch kept), only if it is still at
+        `resource_version` (the version the operator saw unchanged for its duration).
+        False when it changed meanwhile (409: renewed, look again) or is gone."""
+        body: dict[str, Any] = {"spec": {"holderIdentity": None}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            self.coordination.patch_namespaced_lease(name, namespace, body)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
     def volume_attachments(self) -> list[Obj]:
         return [self._json(va) for va in self.storage.list_volume_attachment().items]
 

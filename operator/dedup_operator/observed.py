@@ -180,6 +180,7 @@ def lease_view(lease: Obj, clock: LeaseClock | None = None) -> LeaseView:
         duration=timedelta(seconds=duration_s),
         unchanged_for=timedelta(seconds=unchanged_s),
         free=is_free(holder, renew, parse_time(spec.get("acquireTime")), duration_s),
+        resource_version=meta.get("resourceVersion"),
     )
 
 

@@ -30,6 +30,7 @@ from dedup_operator.failover import (
     CreatePod,
     Decision,
     DeletePods,
+    FenceLease,
     Handover,
     HandoverReason,
     NodeView,
@@ -403,6 +404,15 @@ def _reconcile(
                 f"partition {p}: deleted {', '.join(action.names)}"
                 f"{' (force)' if action.force else ''}: {action.why}",
             )
+        elif isinstance(action, FenceLease):
+            lease_name = names.lease(spec.name, p)
+            if kube.fence_lease(namespace, lease_name, action.resource_version):
+                record(
+                    "Normal",
+                    "WorkerFenced",
+                    f"partition {p}: Lease {lease_name} of {action.holder} not renewed for its "
+                    "duration (on the operator's clock): holder cleared",
+                )
         elif isinstance(action, TaintOutOfService):
             if action.node in to_join:
                 pass  # joined below

@@ -23,6 +23,7 @@ from dedup_operator.failover import (
     Decision,
     DeletePods,
     FailoverPolicy,
+    FenceLease,
     Handover,
     HandoverReason,
     LeaseView,
@@ -79,17 +80,23 @@ class SeenLease(LeaseView):
 
 
 def lease(
-    epoch: int, holder: str | None = None, renewed: float = 0, duration: float = 5
+    epoch: int,
+    holder: str | None = None,
+    renewed: float = 0,
+    duration: float = 5,
+    free: bool = False,  # released by its holder (or cleared by the operator's FenceLease)
 ) -> LeaseView:
     return SeenLease(holder=holder, epoch=epoch, duration=timedelta(seconds=duration),
-                     seen_at=renewed)  # fmt: skip
+                     free=free, resource_version=f"rv{renewed}", seen_at=renewed)  # fmt: skip
 
 
 def _at(view: LeaseView | None, now: datetime) -> LeaseView | None:
     if not isinstance(view, SeenLease):
         return view
     unchanged = max(now - s(view.seen_at), timedelta(0))
-    return LeaseView(view.holder, view.epoch, view.duration, unchanged, view.free)
+    return LeaseView(
+        view.holder, view.epoch, view.duration, unchanged, view.free, view.resource_version
+    )
 
 
 def partition_action(o: PartitionObservation, policy: FailoverPolicy, now: datetime) -> Decision:
@@ -169,8 +176,13 @@ def test_full_node_loss_handover_with_out_of_service_taint() -> None:
     d = partition_action(obs(nodes=lost, handover=h, lease=held), POLICY, s(12))
     assert isinstance(d.action, Steady) and d.action.until == s(13)
     assert "fenced" not in (d.handover or h).steps
-    # 2. expired: taint the lost node
-    expired = held
+    # 2. run out on the operator's clock: clear its holder (compare-and-set on the version
+    # seen unchanged) before anything else; not fenced until that is seen
+    d = partition_action(obs(nodes=lost, handover=h, lease=held), POLICY, s(13))
+    assert d.action == FenceLease("events-p0-e1", "rv8")
+    assert "fenced" not in (d.handover or h).steps
+    # 3. cleared (holder gone, epoch kept): fenced; taint the lost node
+    expired = lease(1)
     d = partition_action(obs(nodes=lost, handover=h, lease=expired), POLICY, s(13))
     assert d.action == TaintOutOfService("a")
     assert d.handover is not None and d.handover.steps == {"fenced": 3.0}
@@ -286,7 +298,7 @@ def test_spec_change_stops_the_old_worker_before_waiting_for_its_lease() -> None
     assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (SpecChanged)")
     d = partition_action(obs(lease=held, handover=h, pods=()), POLICY, s(2))
     assert isinstance(d.action, Steady) and d.action.until == s(5)
-    released = lease(1, "events-p0-e1", renewed=-5, duration=5)  # given up on SIGTERM
+    released = lease(1, "events-p0-e1", renewed=0, free=True)  # given up on SIGTERM
     d = partition_action(obs(lease=released, handover=h, pods=()), POLICY, s(2))
     assert d.action == CreatePod(epoch=2, avoid_node=None)
 
@@ -300,6 +312,9 @@ def test_vanished_pod_is_replaced_after_its_lease_expires() -> None:
     d = partition_action(obs(pods=(), lease=held, handover=h), POLICY, s(2))
     assert isinstance(d.action, Steady) and d.action.until == s(5)
     d = partition_action(obs(pods=(), lease=held, handover=h), POLICY, s(5))
+    assert d.action == FenceLease("events-p0-e3", "rv0")
+    cleared = lease(3)
+    d = partition_action(obs(pods=(), lease=cleared, handover=h), POLICY, s(5))
     assert d.action == CreatePod(epoch=4)
 
 
@@ -367,7 +382,7 @@ def fenced_handover() -> Handover:
 
 def test_node_ready_again_after_fencing_is_released_gracefully_never_tainted() -> None:
     h = fenced_handover()
-    d = partition_action(obs(handover=h, lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))
+    d = partition_action(obs(handover=h, lease=lease(1)), POLICY, s(13))
     assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (NodeLost)")
     assert d.handover is not None and d.handover.release == Release.GRACEFUL
     assert "node a is Ready again" in (d.handover.release_why or "")
@@ -559,12 +574,12 @@ def test_stale_heartbeat_with_ready_true_after_fencing_is_not_a_healed_node() ->
     """Ready still True (the controller's grace period) is not 'back': the lost node is
     released as lost (tainted), never gracefully."""
     nodes = {"a": replace(beating("a", 13), pods=(our_worker(renewed=0),)), "b": beating("b", 1)}
-    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))  # fmt: skip
+    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1)), POLICY, s(13))  # fmt: skip
     assert d.action == TaintOutOfService("a")
     fenced = replace(node_lost_handover(), steps={"fenced": 3.0})
     # heartbeating again and Ready: released gracefully, never tainted
     nodes = {"a": beating("a", 1), "b": beating("b", 1)}
-    d = partition_action(obs(nodes=nodes, handover=fenced, lease=lease(1, "events-p0-e1", 0)), POLICY, s(13))  # fmt: skip
+    d = partition_action(obs(nodes=nodes, handover=fenced, lease=lease(1)), POLICY, s(13))  # fmt: skip
     assert d.action == DeletePods(("events-p0-e1",), force=False, why="handover (NodeLost)")
     assert d.handover is not None and d.handover.release == Release.GRACEFUL
 
@@ -579,7 +594,7 @@ def test_full_disruption_starts_no_node_loss_handover() -> None:
     assert "full disruption" in (d.action.waiting_for or "")
     # a handover already fenced does not taint during one either
     nodes = {"a": replace(beating("a", 30), pods=(our_worker(renewed=0),)), "b": beating("b", 30)}
-    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1, "events-p0-e1", 0)), POLICY, s(30))  # fmt: skip
+    d = partition_action(obs(nodes=nodes, handover=node_lost_handover(), lease=lease(1)), POLICY, s(30))  # fmt: skip
     assert isinstance(d.action, Steady) and "full disruption" in (d.action.waiting_for or "")
     # one node heartbeating: the lost one is lost
     one_alive = {"a": beating("a", 30), "b": beating("b", 1)}
@@ -609,7 +624,7 @@ def test_a_restarted_operator_waits_a_full_duration_before_fencing() -> None:
         d = failover.partition_action(
             obs(nodes=lost, handover=node_lost_handover(), lease=view), POLICY, s(100 + at)
         )
-        assert ("fenced" in (d.handover.steps if d.handover else {})) is fenced, at
+        assert isinstance(d.action, FenceLease) is fenced, (at, d.action)
 
 
 @pytest.mark.parametrize("skew_s", [-30, 30])

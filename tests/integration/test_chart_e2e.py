@@ -1,0 +1,168 @@
+"""The chart end to end, as a user installs it, on the local cluster whose pods run in
+containers from the built image:
+
+`helm install` from charts/dedup-operator -> two operator pods run from the image under
+the chart's ServiceAccount and RBAC (in-cluster config, no kubeconfig) -> a pipeline
+applied with kubectl goes Ready -> the node of partition 0 is killed during traffic ->
+the partition moves with its volume and the output is exact -> `helm upgrade` with a
+changed value rolls the operator without touching the workers -> `helm uninstall`
+leaves the CRD, the pipeline, its volumes and its running workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from test_operator_e2e import (
+    Traffic,
+    _wait_untainted,
+    assert_output_exact,
+    partition_entry,
+    ready_pipeline,
+    topics,
+)
+
+from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
+from dedup_local.cluster import LocalCluster
+from dedup_local.kafka import KafkaBroker
+from dedup_operator import names
+from support.cluster_fixtures import ClusterNamespace
+from support.kafka_fixtures import NewTopic
+from support.operator_helpers import wait_for
+from support.pipelines import cluster_pipeline_body
+from support.worker_helpers import output_ids
+
+pytestmark = pytest.mark.integration
+
+RELEASE, NAMESPACE = "dedup-operator", "dedup-system"
+
+
+def helm_on(cluster: LocalCluster, *args: str) -> str:
+    result = helm(*args, "--kubeconfig", str(cluster.kubeconfig_path))
+    return result.stdout
+
+
+def operator_pods(api: client.ApiClient) -> list[Any]:
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        NAMESPACE, label_selector=f"app.kubernetes.io/name={RELEASE}"
+    )
+    return [p for p in pods.items if not p.metadata.deletion_timestamp]
+
+
+def worker_state(api: client.ApiClient, ns: str) -> dict[str, tuple[str, str, int]]:
+    """Each worker pod: (uid, containerID, restarts) — unchanged means undisturbed."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=f"{names.LABEL_PIPELINE}=events"
+    )
+    state = {}
+    for pod in pods.items:
+        if pod.metadata.deletion_timestamp:
+            continue
+        (status,) = pod.status.container_statuses or [None]
+        assert status is not None, pod.metadata.name
+        state[pod.metadata.name] = (pod.metadata.uid, status.container_id, status.restart_count)
+    return state
+
+
+def test_helm_install_failover_upgrade_uninstall(
+    container_cluster: LocalCluster,
+    container_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+) -> None:
+    cluster, ns = container_cluster, container_namespace.name
+    api = container_namespace.api_client
+    sets = [arg for value in LOCAL_CLUSTER_VALUES for arg in ("--set", value)]
+    helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--create-namespace", *sets, "--wait", "--timeout", "240s")  # fmt: skip
+    lost: str | None = None
+    try:
+        ops = operator_pods(api)
+        assert len(ops) == 2, [p.metadata.name for p in ops]
+        for pod in ops:
+            (status,) = pod.status.container_statuses
+            assert status.ready and status.container_id.startswith("podman://"), status
+            assert pod.spec.service_account_name == RELEASE
+            container = pod.spec.containers[0]
+            # In-cluster config: the pod's token and CA, no kubeconfig anywhere.
+            assert not any("kubeconfig" in arg for arg in container.args or [])
+            assert "KUBECONFIG" not in {e.name for e in container.env or []}
+
+        topic = topics(kafka, new_topic, 2)
+        body = cluster_pipeline_body(
+            "events", kafka.bootstrap, topic, cluster.storage_class, 2,
+            worker={"batchSize": 200, "lingerMs": 20},
+            failover={"nodeLostAfter": "5s", "leaseDuration": "5s"},
+        )  # fmt: skip
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+        ready_pipeline(api, ns, "events", 2)
+
+        traffic = Traffic(kafka.bootstrap, topic, 2)
+        with traffic.running():
+            wait_for(
+                lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 300,
+                90, "partition 0's worker to publish", every=1,
+            )  # fmt: skip
+            before = partition_entry(api, ns, "events", 0)
+            lost = before["node"]
+            cluster.kill(lost)
+            killed = time.monotonic()
+
+            def moved() -> dict[str, Any] | None:
+                e = partition_entry(api, ns, "events", 0)
+                ok = e.get("ready") and e.get("node") not in (None, lost) and not e.get("handover")
+                return e if ok else None
+
+            after = wait_for(moved, 240, "partition 0 to run on another node", every=1)
+            print(
+                f"partition 0 moved {lost} -> {after['node']} in {time.monotonic() - killed:.0f}s"
+            )
+            sent = traffic.sent
+            wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
+        assert after["epoch"] == before["epoch"] + 1
+        assert_output_exact(kafka.bootstrap, topic, traffic)
+        cluster.restart(lost)
+        _wait_untainted(cluster, lost)
+        lost = None
+
+        # An upgrade with a changed value rolls the operator, not the workers.
+        workers = worker_state(api, ns)
+        old_ops = {p.metadata.name for p in operator_pods(api)}
+        helm_on(cluster, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--reuse-values", "--set", "operator.logLevel=DEBUG",
+                "--wait", "--timeout", "240s")  # fmt: skip
+        cluster.kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{RELEASE}",
+                        "--timeout=240s", timeout=260)  # fmt: skip
+        new_ops = {p.metadata.name for p in operator_pods(api)}
+        assert new_ops and not (new_ops & old_ops), (old_ops, new_ops)
+        assert worker_state(api, ns) == workers
+        ready_pipeline(api, ns, "events", 2)
+
+        # Uninstalling the operator leaves the API, the pipeline, its volumes and workers.
+        helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        wait_for(lambda: not operator_pods(api), 120, "the operator pods to go")
+        crds = cluster.kubectl("get", "crd", "-o", "name").stdout
+        assert f"customresourcedefinition.apiextensions.k8s.io/{names.PLURAL}.{names.GROUP}" in crds
+        claims = client.CoreV1Api(api).list_namespaced_persistent_volume_claim(ns).items
+        assert sorted(c.metadata.name for c in claims) == ["events-p0", "events-p1"]
+        assert worker_state(api, ns).keys() == workers.keys()
+    finally:
+        if lost is not None:
+            cluster.restart(lost)
+        helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
+        # No operator is left to release the pipeline's finalizers: drop them, so that the
+        # namespace (and the workers) go with the test.
+        custom = client.CustomObjectsApi(api)
+        try:
+            custom.patch_namespaced_custom_object(
+                names.GROUP, names.VERSION, ns, names.PLURAL, "events",
+                json.loads('{"metadata": {"finalizers": null}}'),
+            )  # fmt: skip
+        except client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
