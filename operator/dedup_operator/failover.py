@@ -111,7 +111,7 @@ class HandoverReason(StrEnum):
 
 @dataclass(frozen=True)
 class FailoverPolicy:
-    node_lost_after: timedelta = timedelta(seconds=60)
+    node_lost_after: timedelta = timedelta(seconds=20)
     release_volume: ReleaseVolume = ReleaseVolume.OUT_OF_SERVICE_TAINT
     # A volume not detached this long after the old pod is gone makes the pipeline
     # Degraded (the operator keeps waiting: it never attaches a volume twice).

@@ -152,7 +152,12 @@ class StorageSpec:
 
 @dataclass(frozen=True)
 class FailoverSpec:
-    node_lost_after: timedelta = timedelta(seconds=60)
+    # Defaults (the CRD's; README "Timings"): a node is lost after two missed node-Lease
+    # renewals (the kubelet renews every 10 s), well before the node lifecycle controller's
+    # 40-50 s grace; a false alarm is harmless (the worker keeps its own Lease, nothing is
+    # fenced, the handover is cancelled). The partition Lease: renewed every 5 s, held for
+    # 10 s by the worker, run out for others after 15 s unchanged on their own clock.
+    node_lost_after: timedelta = timedelta(seconds=20)
     lease_duration: timedelta = timedelta(seconds=15)
     release_volume: ReleaseVolume = ReleaseVolume.OUT_OF_SERVICE_TAINT
     detach_timeout: timedelta = timedelta(minutes=10)

@@ -202,8 +202,12 @@ def test_rbac_by_scope() -> None:
         ("analytics", "dedup-operator"),
         ("payments", "dedup-operator"),
         ("dedup-system", "dedup-operator-leader-election"),
+        ("kube-node-lease", "dedup-operator-node-leases"),
     }
     assert rules_of(roles["analytics", "dedup-operator"]) == NAMESPACED_ROWS
+    assert rules_of(roles["kube-node-lease", "dedup-operator-node-leases"]) == {
+        ("coordination.k8s.io", "leases", "", "list"),
+    }
     assert rules_of(roles["dedup-system", "dedup-operator-leader-election"]) == {
         ("coordination.k8s.io", "leases", "", "create"),
         ("coordination.k8s.io", "leases", "dedup-operator-leader", "get"),

@@ -279,6 +279,9 @@ def test_rbac_namespaced_scope_under_auth_can_i(
                 ("update", leader, "", kube_namespace.name, True),
                 ("create", "leases.coordination.k8s.io", "", kube_namespace.name, True),
                 ("get", "leases.coordination.k8s.io/other", "", kube_namespace.name, False),
+                # the nodes' heartbeats, read only
+                ("list", "leases.coordination.k8s.io", "", "kube-node-lease", True),
+                ("update", "leases.coordination.k8s.io", "", "kube-node-lease", False),
                 ("get", "secrets", "", kube_namespace.name, False),
                 # nothing cluster-wide but listing pods
                 *pods_listable(granted_rows(None, False)),

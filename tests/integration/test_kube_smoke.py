@@ -133,7 +133,7 @@ def test_valid_pipeline_is_accepted_with_defaults_and_columns(
     created = create(ns, pipeline("events"))
     assert created["spec"]["partitions"] == 12
     # Schema defaults are applied by the apiserver.
-    assert created["spec"]["failover"]["nodeLostAfter"] == "60s"
+    assert created["spec"]["failover"]["nodeLostAfter"] == "20s"
     assert created["spec"]["storage"]["retainOnDelete"] is True
     # The minimal form (id from the key, size-bounded window) is valid too.
     minimal = pipeline("minimal", messageId={"source": "key"}, window={"maxKeys": 1000})
