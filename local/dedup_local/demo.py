@@ -1,14 +1,17 @@
 """`make demo`: the main job on the embedded local default.
 
 1. starts a real Kafka broker and the local cluster (etcd, kube-apiserver, the real
-   controllers and scheduler, three nodes whose agents run pods as processes, volumes
-   from a pool that outlive nodes), with the DedupPipeline CRD installed, and shows an
-   invalid pipeline refused by the API server;
+   controllers and scheduler, three nodes whose agents run pods in containers from the
+   project's image built from the Dockerfile, volumes from a pool that outlive nodes),
+   with the DedupPipeline CRD installed, and shows an invalid pipeline refused by the
+   API server;
 2. creates the pipeline's topics with 3 partitions and produces events keyed by message
    id, with duplicates near and far and a few malformed records;
-3. runs `dedup-operator` and applies `examples/events-pipeline.yaml` (pointed at the local
-   broker and storage class, with short failover timings): the operator creates a
-   volume, a Lease and a worker pod per partition;
+3. installs the operator with Helm from charts/dedup-operator, as a user would (two
+   operator pods from the image, the chart's ServiceAccount and RBAC), and applies
+   `examples/events-pipeline.yaml` with kubectl (pointed at the local broker, image and
+   storage class, with short failover timings): the operator creates a volume, a Lease
+   and a worker pod per partition;
 4. while more traffic arrives, kills the node running partition 0: the operator fences
    the old worker, releases its volume (out-of-service taint) and starts the replacement
    on another node with the same volume;
@@ -19,22 +22,21 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from confluent_kafka import Message, Producer
 
+from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
+from dedup_local.chart import NAMESPACE as OPERATOR_NAMESPACE
+from dedup_local.chart import RELEASE as OPERATOR_RELEASE
 from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.image import DEV_TAG, ensure_image
 from dedup_local.kafka import KafkaBroker, committed_offsets
-from dedup_local.paths import REPO_ROOT, free_port
+from dedup_local.paths import REPO_ROOT
 from dedup_worker.ids import ID_HEADER, partition_for
 from dedup_worker.loop import DLQ_REASON
 
@@ -70,6 +72,7 @@ def pipeline_manifest(bootstrap: str, storage_class: str) -> dict[str, Any]:
     spec["kafka"]["bootstrapServers"] = bootstrap
     spec["storage"] = {**spec["storage"], "size": "1Gi", "storageClassName": storage_class}
     spec["failover"] = {**spec["failover"], "nodeLostAfter": "5s", "leaseDuration": "5s"}
+    spec["worker"]["image"] = DEV_TAG
     spec["worker"]["resources"] = {
         "requests": {"cpu": "100m", "memory": "128Mi"},
         "limits": {"cpu": "1", "memory": "1Gi"},
@@ -118,21 +121,22 @@ def produce_events(
     producer.flush(60)
 
 
-def start_operator(cluster: LocalCluster, log: Path) -> subprocess.Popen[bytes]:
-    port = free_port()
-    argv = [
-        str(Path(sys.executable).parent / "dedup-operator"),
+def install_operator(cluster: LocalCluster) -> None:
+    """`helm install` of the chart, with the local cluster's image and a 1 s pass."""
+    sets = [a for v in (*LOCAL_CLUSTER_VALUES, "operator.interval=1") for a in ("--set", v)]
+    helm(
+        "install", OPERATOR_RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
+        "--create-namespace", *sets, "--wait", "--timeout", "240s",
         "--kubeconfig", str(cluster.kubeconfig_path),
-        "--namespace", NAMESPACE,
-        "--interval", "1",
-        "--metrics-port", str(port),
-        "--metrics-address", "127.0.0.1",
-        "--health-port", str(port),  # one server: /metrics, /healthz, /readyz
-        "--health-address", "127.0.0.1",
-        "--leader-lease-duration", "5",
-    ]  # fmt: skip
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    )  # fmt: skip
+
+
+def operator_logs(cluster: LocalCluster) -> str:
+    pods = cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "name").stdout.split()
+    return "".join(
+        f"--- {pod}\n{cluster.pod_log(OPERATOR_NAMESPACE, pod.split('/')[-1])[-3000:]}"
+        for pod in pods
+    )
 
 
 def pipeline_status(cluster: LocalCluster) -> dict[str, Any]:
@@ -168,10 +172,12 @@ def committed(bootstrap: str) -> int:
 def main() -> int:
     rng = random.Random(42)
     with (
-        tempfile.TemporaryDirectory(prefix="dedup-demo-") as tmp,
         KafkaBroker() as kafka,
         LocalCluster(
-            nodes=3, timings=ClusterTimings.fast(), crds=sorted((REPO_ROOT / "crds").glob("*.yaml"))
+            nodes=3,
+            timings=ClusterTimings.fast(),
+            crds=sorted((REPO_ROOT / "crds").glob("*.yaml")),
+            containers=True,
         ) as cluster,
     ):
         say(
@@ -184,8 +190,9 @@ def main() -> int:
         produce_events(kafka.bootstrap, rng, sent, EVENTS // 2, MALFORMED)
         say(f"produced {len(sent)} events and {MALFORMED} malformed records")
 
-        operator_log = Path(tmp) / "operator.log"
-        operator = start_operator(cluster, operator_log)
+        say(f"installing the operator with Helm ({ensure_image()}, two replicas)")
+        install_operator(cluster)
+        say(cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide").stdout)
         try:
             manifest = yaml.safe_dump(pipeline_manifest(kafka.bootstrap, cluster.storage_class))
             cluster.kubectl("apply", "-f", "-", input=manifest)
@@ -218,11 +225,8 @@ def main() -> int:
             total = len(sent) + MALFORMED
             wait_for(lambda: committed(kafka.bootstrap) >= total, 300, "every record committed")
         except Exception:
-            say("operator log (tail):\n" + operator_log.read_text(errors="replace")[-4000:])
+            say("operator logs (tail):\n" + operator_logs(cluster))
             raise
-        finally:
-            operator.terminate()
-            operator.wait(30)
 
         out = kafka.read_committed("events-deduped")
         dead = kafka.read_committed("events-dlq")
