@@ -401,6 +401,26 @@ class ControlPlane:
             self._data_dir = None
             self._apiserver_port = self._etcd_port = 0
 
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone (SIGTERM; SIGKILL after 10 s), keeping etcd, the
+        controllers and the data: a control-plane outage for tests. `start_apiserver()`
+        brings it back on the same port."""
+        proc = next((p for p in self._processes if p.name == "kube-apiserver"), None)
+        if proc is None:
+            raise ControlPlaneError("kube-apiserver is not running")
+        self._processes.remove(proc)
+        proc.terminate(grace=10.0)
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again after `stop_apiserver()`: same port, same etcd;
+        returns once it answers /readyz."""
+        if any(p.name == "kube-apiserver" for p in self._processes):
+            return
+        self._start_apiserver(self._apiserver_port)
+        # back in start order (after etcd), so that stop() still ends it before etcd
+        etcd = next(i for i, p in enumerate(self._processes) if p.name == "etcd")
+        self._processes.insert(etcd + 1, self._processes.pop())
+
     def _stop_processes(self) -> None:
         while self._processes:
             proc = self._processes.pop()  # reverse start order: controllers, apiserver, etcd
@@ -585,8 +605,8 @@ class ControlPlane:
 
         self._wait(proc, healthy, "healthy")
 
-    def _start_apiserver(self) -> None:
-        self._apiserver_port = free_port()
+    def _start_apiserver(self, port: int = 0) -> None:
+        self._apiserver_port = port or free_port()
         pki = self.data_dir / "pki"
         argv = [
             str(self.binaries.kube_apiserver),

@@ -1,7 +1,8 @@
 """Lease fencing of real worker processes against the real kube-apiserver and Kafka: the
 worker takes its partition's Lease before it starts, renews it, refuses a Lease of a newer
-epoch, stops when the Lease is taken over or when it can no longer reach the API server —
-before anyone else may take the Lease — and output stays exact across the handover.
+epoch, stops when the Lease is taken over, pauses when it can no longer reach the API
+server — before anyone else may take the Lease — and exits only once it finds the Lease
+taken over; output stays exact across the handover.
 
 The tests play the operator: they create the Lease, move it to the next epoch and start
 the replacement worker with that epoch. Short leases (5 s) keep them quick."""
@@ -56,6 +57,7 @@ def streams() -> Iterator[Streams]:
 
 LEASE_S = 5
 TIMING = LeaseTiming.for_duration(LEASE_S)
+PAUSED = "paused: the Lease hold lapsed; no consuming or committing until it is renewed"
 
 
 @pytest.fixture
@@ -226,7 +228,7 @@ def test_worker_whose_lease_is_taken_over_stops_and_the_next_epoch_finishes_exac
     assert final.spec.lease_transitions == 2
 
 
-def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
+def test_worker_cut_off_from_the_api_server_pauses_and_exits_only_once_taken_over(
     kafka: Any, tmp_path: Path, kube_namespace: KubeNamespace, leases: Any, streams: Streams
 ) -> None:
     ns = kube_namespace.name
@@ -246,49 +248,57 @@ def test_worker_cut_off_from_the_api_server_stops_before_its_lease_expires(
     stream = streams.start(kafka.bootstrap, base.input_topic)
     old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
     old = start_worker(old_cfg, old_log)
+    new = None
     try:
         wait_for_log(old_log, "first transaction committed")
         time.sleep(TIMING.renew_every_s)  # a renew or two through the proxy
         proxy.partition()
         cut = time.time()
-        code = wait_exit(old, old_log, 30)
-    finally:
-        if old.poll() is None:
-            old.kill()
-    exited = time.time()
-    assert code == EXIT_FENCED, tail(old_log)
-    (line,) = fenced_lines(old_log)
-    assert "not renewed within the renew deadline" in line["message"], line
-    assert "Traceback" not in old_log.read_text()
+        wait_for_log(old_log, PAUSED, timeout_s=LEASE_S)
+        paused_seen = time.time()
 
-    # The "operator": wait until the Lease expired by its own renewTime + duration, then
-    # start the next epoch.
-    lease = leases.read_namespaced_lease(old_cfg.lease.name, ns)
-    assert lease.spec.holder_identity == old_cfg.lease.holder_identity
-    expires = expiry(lease).timestamp()
-    while time.time() < expires:
-        time.sleep(0.05)
-    new_cfg = with_lease(
-        base,
-        lease.spec.lease_transitions + 1,
-        kube_namespace.kubeconfig_path,
-        store=tmp_path / "new-volume",
-    )
-    new = start_worker(new_cfg, new_log)
-    try:
+        # The "operator": wait until the Lease expired by its own renewTime + duration,
+        # then start the next epoch, which takes it.
+        lease = leases.read_namespaced_lease(old_cfg.lease.name, ns)
+        assert lease.spec.holder_identity == old_cfg.lease.holder_identity
+        expires = expiry(lease).timestamp()
+        while time.time() < expires:
+            time.sleep(0.05)
+        assert old.poll() is None, "paused, not exited:\n" + tail(old_log)
+        new_cfg = with_lease(
+            base,
+            lease.spec.lease_transitions + 1,
+            kube_namespace.kubeconfig_path,
+            store=tmp_path / "new-volume",
+        )
+        new = start_worker(new_cfg, new_log)
         first = wait_for_log(new_log, "first transaction committed")
+        # The old worker reaches the API server again: its renew finds the next epoch's
+        # hold (409, re-read) and only now does it exit, fenced, without committing.
+        proxy.heal()
+        healed = time.time()
+        code = wait_exit(old, old_log, 30)
+        exited = time.time()
+        assert code == EXIT_FENCED, tail(old_log)
         stream.stop()
         wait_committed(kafka.bootstrap, base.group, base.input_topic, len(stream.ids), new_log)
     finally:
-        new.terminate()
-    assert wait_exit(new, new_log, 30) == 0, tail(new_log)
+        if old.poll() is None:
+            old.kill()
+        if new is not None:
+            new.terminate()
+    assert new is not None and wait_exit(new, new_log, 30) == 0, tail(new_log)
+    (line,) = fenced_lines(old_log)
+    assert "was taken over by" in line["message"] and "epoch 2" in line["message"], line
+    assert "Traceback" not in old_log.read_text()
 
     print(
-        f"cut {ts(cut)}; old: last commit {ts(line['last_commit'])}, exited {ts(exited)}; "
-        f"Lease expiry {ts(expires)}; new: first commit sent {ts(first['commit_sent'])}"
+        f"cut {ts(cut)}; old: paused by {ts(paused_seen)}, last commit {ts(line['last_commit'])}; "
+        f"Lease expiry {ts(expires)}; new: first commit sent {ts(first['commit_sent'])}; "
+        f"healed {ts(healed)}, old exited {ts(exited)}"
     )
     assert line["last_commit"] < expires <= first["commit_sent"]
-    assert exited < expires, "the old worker was gone before the Lease expired for others"
+    assert paused_seen < expires, "the old worker paused before the Lease expired for others"
     taken = leases.read_namespaced_lease(old_cfg.lease.name, ns)
     assert taken.spec.lease_transitions == 2
     assert output_ids(kafka.bootstrap, base.output_topic) == stream.expected

@@ -1,4 +1,4 @@
-"""However a worker learns it is fenced — its token lapsed, or the producer answering a
+"""However a worker learns it is fenced — its token lost, or the producer answering a
 call with a fence or a fatal error — it stops with `Fenced` (exit 3), counted once;
 other Kafka errors are not mistaken for a fence. No broker needed: these are the loop's
 classification and checks, before any client is created."""
@@ -12,16 +12,29 @@ from confluent_kafka import KafkaError, KafkaException
 
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import Fenced
+from dedup_worker.lease import Hold
 from dedup_worker.loop import DedupWorker
 from dedup_worker.window import WindowPolicy
 
 
 class Lapsed:
+    hold = Hold.LAPSED
+
     def held(self) -> bool:
         return False
 
+    def state(self) -> Hold:
+        return self.hold
+
     def why_not_held(self) -> str:
         return "Lease ns/p0 not renewed within the renew deadline"
+
+
+class Lost(Lapsed):
+    hold = Hold.LOST
+
+    def why_not_held(self) -> str:
+        return "Lease ns/p0 was taken over by events-p0-e3 (epoch 3; ours 2)"
 
 
 def worker(tmp_path: Path, fencing: Lapsed | None = None) -> DedupWorker:
@@ -80,13 +93,14 @@ def test_fatal_reason_served_later_names_the_real_cause(tmp_path: Path) -> None:
         w._raise_if_fenced(KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce")))
 
 
-def test_lapsed_token_stops_the_loop_before_it_touches_kafka_or_the_store(
+def test_token_not_held_at_start_or_lost_stops_the_loop_before_kafka_or_the_store(
     tmp_path: Path,
 ) -> None:
     w = worker(tmp_path, Lapsed())
     with pytest.raises(Fenced, match="not held at start: Lease ns/p0 not renewed"):
         w.start()
-    with pytest.raises(Fenced, match="Lease ns/p0 not renewed within the renew deadline"):
+    w.fencing = Lost()
+    with pytest.raises(Fenced, match="Lease ns/p0 was taken over by events-p0-e3"):
         w.process_batch()
     assert not (tmp_path / "store").exists()
     assert w.metrics.fencing_events._value.get() == 1

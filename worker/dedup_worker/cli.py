@@ -55,10 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Every option can be set by environment variable DEDUP_<OPTION> (upper case, "
             "dashes as underscores), e.g. DEDUP_BOOTSTRAP_SERVERS. Exit codes: 0 stopped "
-            "cleanly, 2 bad configuration, 3 fenced (the partition's Lease or its "
-            "transactional id belongs to a newer worker, or the Lease could not be held), "
-            "4 stopped on input it may not drop, 5 store refused, 6 Kafka unreachable or "
-            "refusing (e.g. no broker at --bootstrap-servers, topic missing, not authorised)."
+            "cleanly, 2 bad configuration, 3 fenced (the partition's Lease names another "
+            "holder or a newer epoch, its transactional id belongs to a newer worker, or the "
+            "Lease could not be taken at start; a Lease that cannot be renewed, e.g. while "
+            "the API server is down, pauses the worker until it is renewed again), 4 stopped "
+            "on input it may not drop, 5 store refused, 6 Kafka unreachable or refusing "
+            "(e.g. no broker at --bootstrap-servers, topic missing, not authorised)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

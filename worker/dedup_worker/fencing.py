@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -23,12 +24,14 @@ from typing import Any, Protocol
 from dedup_worker.lease import (
     Acquire,
     Claim,
+    Hold,
     LeaseRecord,
     LeaseTiming,
     Superseded,
     Wait,
+    after_renew_conflict,
     decide,
-    held,
+    hold_state,
     is_ours,
     released,
     renewed,
@@ -43,10 +46,20 @@ class Fenced(RuntimeError):
     """This worker no longer owns its partition; it must stop without committing."""
 
 
+# While lapsed, a failed renew is retried after at most this long (jittered), so a worker
+# resumes within about a second of the API server answering again, whatever the duration.
+LAPSED_RETRY_MAX_S = 1.0
+
+
 class FencingToken(Protocol):
     def held(self) -> bool:
         """True while this worker can prove it still owns the partition. Cheap: called
         before every commit."""
+        ...
+
+    def state(self) -> Hold:
+        """Held; lapsed for now (pause, it may come back); or lost for good (fenced).
+        Cheap, as `held()`."""
         ...
 
     def why_not_held(self) -> str:
@@ -59,6 +72,9 @@ class AlwaysHeld:
 
     def held(self) -> bool:
         return True
+
+    def state(self) -> Hold:
+        return Hold.HELD
 
     def why_not_held(self) -> str:
         return "held"
@@ -125,8 +141,10 @@ class LeaseToken:
     """A FencingToken backed by the partition's Lease.
 
     `acquire()` takes it (or raises Fenced), `start_renewing()` renews it from a daemon
-    thread every `timing.renew_every_s`, `held()` is a monotonic-clock comparison (no API
-    call), `release()` on a clean stop leaves the Lease expired (`lease.released`).
+    thread every `timing.renew_every_s`, `held()`/`state()` are a monotonic-clock
+    comparison (no API call), `release()` on a clean stop leaves the Lease expired
+    (`lease.released`). Past the renew deadline the token is lapsed, not lost: renewing
+    goes on (about every second) and the first renew that succeeds holds it again.
     Every write is a replace carrying the last seen `resourceVersion`: a concurrent
     writer makes it fail with 409 Conflict, and a re-read decides whether the Lease is
     still ours (renew again) or was taken over (lost for good).
@@ -178,7 +196,10 @@ class LeaseToken:
     # -- FencingToken ------------------------------------------------------------------
 
     def held(self) -> bool:
-        return self._lost is None and held(self._held_until, self._monotonic())
+        return self.state() is Hold.HELD
+
+    def state(self) -> Hold:
+        return hold_state(self._lost is not None, self._held_until, self._monotonic())
 
     def why_not_held(self) -> str:
         if self._lost is not None:
@@ -290,8 +311,11 @@ class LeaseToken:
                 ok = self._renew_once()
                 if self._lost is not None:
                     return
-                # after a failure, try again sooner: several attempts fit in the deadline
-                delay = self.timing.renew_every_s if ok else self.timing.renew_every_s / 2
+                # after a failure, try again sooner: several attempts fit in the deadline,
+                # and once lapsed (paused) a returning API server is noticed within ~1 s
+                delay = self.timing.renew_every_s
+                if not ok:
+                    delay = min(delay / 2, LAPSED_RETRY_MAX_S) * random.uniform(0.5, 1.0)
         except Exception as exc:  # a bug must not leave a token that looks renewable
             self._lost = f"renewing {self.where} failed unexpectedly: {exc!r}"
             log.error("lease renewal stopped", extra={"lease": self.where, "error": repr(exc)})
@@ -309,7 +333,7 @@ class LeaseToken:
                 except self._errors as read_exc:
                     return self._renew_failed(read_exc)
                 record = _record(fresh)
-                if not is_ours(record, self.claim):
+                if after_renew_conflict(record, self.claim) is Hold.LOST:
                     self._lost = (
                         f"{self.where} was taken over by {record.holder or 'nobody'} "
                         f"(epoch {record.transitions}; ours {self.claim.epoch})"
@@ -331,7 +355,7 @@ class LeaseToken:
         self._last_error = _brief(exc)
         if first:
             log.warning(
-                "renewing the Lease failed; retrying until the renew deadline",
+                "renewing the Lease failed; retrying (past the renew deadline: paused)",
                 extra={"lease": self.where, "error": self._last_error},
             )
         return False

@@ -11,7 +11,8 @@ One `coordination.k8s.io/v1` Lease per partition fences its workers (CONTRACTS.m
   `now < (when the last successful renew request was sent) + renew deadline`, with the
   renew deadline shorter than the duration, so the holder stops committing before anyone
   else may consider the Lease expired (the margin absorbs clock-rate drift and the time
-  between a `held()` check and the commit it guards).
+  between a `held()` check and the commit it guards); it then pauses, and resumes when a
+  renew succeeds again at its own epoch (`Hold`, `next_state` below).
 
 The shell that reads and writes the Lease (compare-and-set on `resourceVersion`) and
 renews it in the background is `dedup_worker.fencing.LeaseToken`.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
+from enum import Enum
 
 from dedup_worker import lease_clock
 
@@ -184,3 +186,51 @@ class LeaseTiming:
 def held(held_until: float | None, monotonic_now: float) -> bool:
     """The holder's own rule: held strictly before the deadline of its last good renew."""
     return held_until is not None and monotonic_now < held_until
+
+
+# -- the holder's state machine: pause, don't die --------------------------------------
+#
+# A missed renew deadline proves only that *this* worker could not reach the API server
+# (an API-server restart, a control-plane upgrade, a network blip), not that anyone else
+# has the Lease. So the holder pauses (aborts its open transaction, consumes and commits
+# nothing, keeps its store, producer and consumer) and keeps renewing; a renew that
+# succeeds on the Lease as it last wrote it (compare-and-set on `resourceVersion`), or on
+# a re-read that still names it at its epoch (`is_ours`), proves the hold again and it
+# resumes at once. Only a Lease naming another holder or a newer epoch means fenced
+# (exit 3): then someone else may commit, and this worker never will again.
+
+
+class Hold(Enum):
+    """What the holder can prove about its Lease right now."""
+
+    HELD = "held"  # a renew answered within the renew deadline: may commit
+    LAPSED = "lapsed"  # no successful renew within the deadline, no other holder seen
+    LOST = "lost"  # another holder or a newer epoch has it: never held again
+
+
+class WorkerState(Enum):
+    RUNNING = "running"  # consuming and committing
+    PAUSED = "paused"  # open transaction aborted; nothing consumed or committed
+    FENCED = "fenced"  # stops without committing, exit 3
+
+
+def hold_state(lost: bool, held_until: float | None, monotonic_now: float) -> Hold:
+    """The holder's hold from its renews: lost for good, held, or lapsed for now."""
+    if lost:
+        return Hold.LOST
+    return Hold.HELD if held(held_until, monotonic_now) else Hold.LAPSED
+
+
+def after_renew_conflict(lease: LeaseRecord, claim: Claim) -> Hold:
+    """A renew refused with 409 Conflict, then `lease` re-read: still ours at our epoch (a
+    harmless concurrent change, e.g. the operator's labels) -> renew on top of it;
+    anyone else, or our name with another epoch -> lost."""
+    return Hold.HELD if is_ours(lease, claim) else Hold.LOST
+
+
+def next_state(current: WorkerState, hold: Hold) -> WorkerState:
+    """The worker's state after observing `hold`: fenced is final; otherwise it runs
+    while held and pauses while the hold has lapsed."""
+    if current is WorkerState.FENCED or hold is Hold.LOST:
+        return WorkerState.FENCED
+    return WorkerState.RUNNING if hold is Hold.HELD else WorkerState.PAUSED

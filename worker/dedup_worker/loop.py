@@ -5,6 +5,13 @@ Start-up (DESIGN section 4): fencing token, store, transactional producer
 the offset committed in the last transaction. Then per batch: triage, multi-get, one
 Kafka transaction (output records, dead letters, input offsets), and only after the
 commit one store write batch.
+
+A worker whose Lease hold lapsed (no successful renew within the renew deadline) pauses:
+the transaction in flight is aborted (the input rewound to it), nothing is consumed or
+committed, the store, producer and consumer stay open, /readyz says not ready and
+/healthz stays OK. When the hold is proved again at its own epoch it resumes at once,
+first moving the input to the offset committed by its last transaction. Only a Lease
+lost to another holder or a newer epoch stops it (`Fenced`, exit 3).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from dedup_worker.batch import Candidate, DeadLetter, Triage, select_new, triage
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
+from dedup_worker.lease import Hold, WorkerState, next_state
 from dedup_worker.metrics import Health, WorkerMetrics
 from dedup_worker.recovery import catch_up
 from dedup_worker.store import Store
@@ -48,6 +56,7 @@ DLQ_PARTITION = batch_rules.DLQ_PARTITION
 DLQ_OFFSET = batch_rules.DLQ_OFFSET
 
 DISK_GAUGE_EVERY_S = 10.0
+PAUSED_STEP_S = 0.05  # while paused, how often the hold is looked at again
 
 _COORDINATOR_MOVING = {
     KafkaError.NOT_COORDINATOR,
@@ -142,6 +151,8 @@ class DedupWorker:
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
         self._disk_measured = -DISK_GAUGE_EVERY_S
         self._fence: str | None = None  # why this worker is fenced, once it is
+        self.state = WorkerState.RUNNING
+        self._paused_at = 0.0  # monotonic time the current pause began
         self._fatal: KafkaError | None = None  # the producer's fatal error, when it has one
         # wall-clock time the last commit returned (None before the first): the fenced
         # worker's log line carries it, to show it stopped before the next holder began
@@ -256,8 +267,8 @@ class DedupWorker:
         """Prepare the next batch, complete the one in flight, send the prepared one.
 
         Returns what the *completed* batch did (zeros if none completed this call)."""
-        if not self.fencing.held():  # a clock comparison: no API call per batch
-            raise self._fenced(self.fencing.why_not_held())
+        if self._observe_hold() is WorkerState.PAUSED:
+            return self._paused_step()
         prepared = self._prepare()
         done, redo, expired = self._complete()
         if redo:
@@ -267,6 +278,62 @@ class DedupWorker:
         if prepared is not None:
             self._send(prepared)
         return done
+
+    # -- pause, don't die ------------------------------------------------------------
+
+    def _observe_hold(self) -> WorkerState:
+        """The token's hold (a clock comparison: no API call per batch) moves the state
+        machine: raises Fenced when lost, resumes when held again after a pause."""
+        hold = self.fencing.state()
+        state = next_state(self.state, hold)
+        if state is WorkerState.FENCED:
+            self.state = state
+            raise self._fenced(self.fencing.why_not_held())
+        if state is WorkerState.PAUSED and self.state is WorkerState.RUNNING:
+            self._pause()
+        elif state is WorkerState.RUNNING and self.state is WorkerState.PAUSED:
+            self._resume()
+        return self.state
+
+    def _pause(self) -> None:
+        self.state = WorkerState.PAUSED
+        self._paused_at = time.monotonic()
+        self.health.ready = False
+        self.health.paused = True
+        self.metrics.paused.set(1)
+        self.metrics.pauses.inc()
+        log.warning(
+            "paused: the Lease hold lapsed; no consuming or committing until it is renewed",
+            extra={"reason": self.fencing.why_not_held()},
+        )
+
+    def _paused_step(self) -> BatchResult:
+        """One step of a paused worker: finish the transaction in flight (the committer
+        aborts it, the token being lapsed, and the input is rewound to it; or it had
+        committed just before the lapse and is completed as usual), then wait a little."""
+        done, _, _ = self._complete()
+        self.health.beat()  # alive: paused on purpose, not stuck
+        self._stop.wait(PAUSED_STEP_S)
+        return done
+
+    def _resume(self) -> None:
+        """Held again at our epoch: consume from the offset the last committed
+        transaction recorded (an aborted one left nothing; the store was only written
+        after commits), so nothing is skipped or done twice."""
+        assert self.consumer is not None and self._in_flight is None
+        offset = self._resume_offset()
+        self.consumer.seek(TopicPartition(self._input.topic, self._input.partition, offset))
+        paused_s = time.monotonic() - self._paused_at
+        self.state = WorkerState.RUNNING
+        self.metrics.paused.set(0)
+        self.metrics.paused_seconds.inc(paused_s)
+        self.health.paused = False
+        self.health.ready = True
+        self.health.beat()
+        log.info(
+            "resumed: the Lease is held again at our epoch",
+            extra={"input_offset": offset, "paused_seconds": round(paused_s, 3)},
+        )
 
     def _prepare(self) -> _Batch | None:
         assert self.consumer is not None and self.store is not None
@@ -400,14 +467,16 @@ class DedupWorker:
         producer = self.producer
         cfg = self.config
         try:
-            self._check_token(producer)
+            if not self._check_token(producer):
+                return False
             producer.flush()
             producer.send_offsets_to_transaction(
                 [TopicPartition(cfg.input_topic, cfg.partition, batch.next_input)],
                 self.consumer.consumer_group_metadata(),
             )
             faults.maybe_crash("before-commit")
-            self._check_token(producer)  # the flush may have taken a while
+            if not self._check_token(producer):  # the flush may have taken a while
+                return False
             sent = time.time()
             producer.commit_transaction()
         except KafkaException as exc:
@@ -439,17 +508,31 @@ class DedupWorker:
         self.metrics.transactions.inc()
         return True
 
-    def _check_token(self, producer: Producer) -> None:
-        """(Committer thread.) Before committing: still holding the fencing token? If not,
-        abort the open transaction (as far as the broker lets us) and raise Fenced."""
-        if self.fencing.held():
-            return
-        fence = self._fenced(self.fencing.why_not_held())
+    def _check_token(self, producer: Producer) -> bool:
+        """(Committer thread.) Before committing: still holding the fencing token? If
+        lost, abort the open transaction (as far as the broker lets us) and raise Fenced;
+        if lapsed, abort it and return False (the batch is redone after the pause)."""
+        hold = self.fencing.state()
+        if hold is Hold.HELD:
+            return True
+        if hold is Hold.LOST:
+            fence = self._fenced(self.fencing.why_not_held())
+            try:
+                producer.abort_transaction(10)
+            except KafkaException as exc:
+                log.debug("abort after losing the token failed", extra={"error": str(exc)})
+            raise fence
+        log.warning(
+            "the Lease hold lapsed before the commit; transaction aborted",
+            extra={"reason": self.fencing.why_not_held()},
+        )
         try:
-            producer.abort_transaction(10)
+            producer.abort_transaction(30)
         except KafkaException as exc:
-            log.debug("abort after losing the token failed", extra={"error": str(exc)})
-        raise fence
+            self._raise_if_fenced(exc, "abort_transaction")
+            raise
+        self.metrics.aborts.inc()
+        return False
 
     def _fenced(self, reason: str) -> Fenced:
         """The exception a fenced worker stops with; counted once per worker."""

@@ -1,6 +1,6 @@
 """Prometheus metrics of a worker and the one HTTP port that serves them with the
-health probes: `/metrics`, `/healthz` (process alive, loop not stuck) and `/readyz`
-(recovered and consuming)."""
+health probes: `/metrics`, `/healthz` (process alive, loop not stuck; also while paused)
+and `/readyz` (recovered and consuming; not while paused)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,15 @@ class WorkerMetrics:
         self.fencing_events = counter(
             "dedup_fencing_events", "Times this worker found itself fenced"
         ).labels(**labels)
+        self.paused = gauge(
+            "dedup_paused", "1 while paused: the Lease hold lapsed, nothing consumed or committed"
+        ).labels(**labels)
+        self.pauses = counter(
+            "dedup_pauses", "Times this worker paused because its Lease hold lapsed"
+        ).labels(**labels)
+        self.paused_seconds = counter(
+            "dedup_paused_seconds", "Time spent paused (counted when it resumes)"
+        ).labels(**labels)
         self.batch_seconds = Histogram(
             "dedup_batch_commit_seconds",
             "Time from the start of a batch's transaction to its commit",
@@ -87,6 +96,7 @@ class Health:
 
     def __init__(self, stuck_after_s: float = 120.0) -> None:
         self.ready = False
+        self.paused = False  # not ready because the Lease hold lapsed (see the loop)
         self.stuck_after_s = stuck_after_s
         self._beat = time.monotonic()
 
@@ -111,7 +121,8 @@ def serve(
                 self._send(200 if ok else 503, b"ok\n" if ok else b"loop stuck\n")
             elif self.path == "/readyz":
                 ok = health.ready
-                self._send(200 if ok else 503, b"ready\n" if ok else b"recovering\n")
+                why = b"paused: Lease not renewed\n" if health.paused else b"recovering\n"
+                self._send(200 if ok else 503, b"ready\n" if ok else why)
             else:
                 self._send(404, b"not found: try /metrics, /healthz, /readyz\n")
 
