@@ -241,3 +241,31 @@ def test_pod_view_reads_the_schedulers_reason() -> None:
     assert view.unschedulable == "0/3 nodes are available: 3 Insufficient cpu."
     assert view.unschedulable_since == datetime(2026, 11, 22, 10, tzinfo=UTC)
     assert pod_view({"metadata": {"name": "x"}}, 1).unschedulable is None
+
+
+def test_node_view_heartbeat_from_its_node_lease_on_the_operators_clock() -> None:
+    t = [0.0]
+    clock = LeaseClock(monotonic=lambda: t[0])
+    node = {"metadata": {"name": "node-a"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T10:00:00Z"}]}}  # fmt: skip
+
+    def beat(version: str) -> dict[str, object]:
+        return {
+            "metadata": {"namespace": "kube-node-lease", "name": "node-a",
+                         "resourceVersion": version},
+            "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40,
+                     "renewTime": f"2026-11-22T10:00:0{version}.000000Z"},
+        }  # fmt: skip
+
+    lost_after = timedelta(seconds=20)
+    assert node_view(node).heartbeat_age is None  # no node Lease: the Ready condition
+    first = node_view(node, beat("1"), clock, lost_after)
+    assert first.heartbeat_age == timedelta(0) and first.up
+    t[0] = 19.9
+    assert node_view(node, beat("1"), clock, lost_after).up
+    t[0] = 20.0
+    stale = node_view(node, beat("1"), clock, lost_after)
+    # Ready still says True (the controller's grace period), the heartbeat decides
+    assert stale.heartbeat_stale and not stale.up and stale.ready == "True"
+    t[0] = 21.0
+    assert node_view(node, beat("2"), clock, lost_after).up  # renewed: back
