@@ -314,6 +314,7 @@ def _fail_over(
         order = ["fenced", "released", "detached", "started", "ready"]
         assert set(steps) == set(order), steps
         assert all(steps[a] <= steps[b] for a, b in itertools.pairwise(order)), steps
+
         # the fake worker (as a real one) sees the old hold unchanged for a full duration on
         # its own clock before it takes the Lease (dedup_worker.lease_clock)
         def taken() -> Any:
