@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from dedup_spark.session import writable_cwd
+
 log = logging.getLogger("dedup_spark.entrypoint")
 
 EXECUTOR_BACKEND: Final = "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
@@ -180,6 +182,7 @@ def _driver(args: Sequence[str]) -> int:
     env.setdefault("SPARK_HOME", str(home))
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    writable_cwd()  # spark-submit's session writes under its current directory
     log.info("starting the driver: spark-submit %s", " ".join(args))
     os.execvpe(command[0], command, env)
 

@@ -173,8 +173,18 @@ JOB_CONF: Final = {
 """Settings every job's session carries, local or on Kubernetes."""
 
 
+def writable_cwd() -> None:
+    """Spark 4 makes each session's `artifacts` directory in the current directory; under
+    a read-only root filesystem (the image's home, /home/dedup) that fails. A process
+    whose current directory is not writable moves to its scratch directory (TMPDIR, else
+    /tmp: a volume in the pods)."""
+    if not os.access(os.getcwd(), os.W_OK):
+        os.chdir(os.environ.get("TMPDIR") or tempfile.gettempdir())
+
+
 def spark_session(app_name: str, settings: SparkSettings) -> SparkSession:
     """Start (or join) this process's SparkSession as `settings` say."""
+    writable_cwd()
     # PySpark takes its Python workers' interpreter from here (also on executors).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not settings.on_kubernetes:

@@ -138,3 +138,24 @@ def test_a_worker_container_deduplicates_a_partition_exactly(
     owners = {p.stat().st_uid for p in store_dir.rglob("*")}
     assert owners == {RUN_AS_USER}, owners
     assert json.dumps(sorted(p.name for p in store_dir.iterdir()))
+
+
+def test_the_driver_mode_starts_spark_submit_in_client_mode(image: str, tmp_path: Path) -> None:
+    """`dedup-entrypoint driver <spark-submit args>`, as Spark's cluster mode starts a
+    driver pod: here with a local master and a one-line application (a driver pod's
+    master is the API server, tested by the audit's Spark-on-Kubernetes test)."""
+    app = tmp_path / "app.py"
+    app.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.getOrCreate()\n"
+        "print('counted', spark.range(1000).count(), spark.sparkContext.getConf().get('spark.submit.deployMode'))\n"
+    )
+    app.chmod(0o644)
+    tmp_path.chmod(0o755)  # the image's user reads it
+    result = run(
+        image, "driver", "--master", "local[1]", "/app/app.py",
+        options=("--tmpfs", "/tmp", "--env", "SPARK_DRIVER_BIND_ADDRESS=127.0.0.1",
+                 "--mount", f"type=bind,src={tmp_path},dst=/app,ro=true"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "counted 1000 client" in result.stdout, result.stdout[-2000:]
