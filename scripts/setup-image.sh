@@ -21,9 +21,6 @@ if ((${#missing[@]})); then
     die "image: ${missing[*]} missing; install them: sudo apt-get install podman runc mmdebstrap"
   fi
 fi
-# One build at a time; whoever waited finds the result cached.
-mkdir -p "$DEDUP_CACHE/podman"
-exec 9>"$DEDUP_CACHE/podman/.build.lock"
-flock 9
+# One build at a time (ensure_image holds a lock); whoever waited finds it built.
 cd "$REPO_ROOT"
 PYTHONPATH="$REPO_ROOT/local" "$PY" -m dedup_local.image build >/dev/null

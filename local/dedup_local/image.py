@@ -30,6 +30,7 @@ tests' pods name: `dedup-operator:dev`). Older builds are removed.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -89,6 +90,7 @@ BASES = {
     "maven": Base("maven", ("maven", "openjdk-17-jdk-headless", "ca-certificates"), _CERT_ENV),
 }
 BUILD_ARGS = {"PYTHON_IMAGE": "python", "MAVEN_IMAGE": "maven"}
+KEEP_BUILDS = 3  # the newest builds kept (each about 1.6 GB, mostly shared layers)
 
 
 class ImageError(RuntimeError):
@@ -255,7 +257,16 @@ def inputs_digest(base_ids: Sequence[str], root: Path = REPO_ROOT) -> str:
 
 def ensure_image() -> str:
     """Build the image from the Dockerfile unless one with the same inputs exists; returns
-    its reference (also tagged `localhost/dedup-operator:dev`)."""
+    its reference (also tagged `localhost/dedup-operator:dev`). One build at a time on the
+    machine (a lock in the store's directory): a test process and `make setup-image`, or
+    two checkouts, wait for each other, and whoever waited finds the image built."""
+    podman_env()
+    with (podman_dir() / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_image()
+
+
+def _ensure_image() -> str:
     bases = {arg: ensure_base(BASES[name]) for arg, name in BUILD_ARGS.items()}
     ref = f"{REPOSITORY}:{inputs_digest([image_id(r) for r in bases.values()])[:16]}"
     if not image_exists(ref):
@@ -281,7 +292,7 @@ def ensure_image() -> str:
         if proc.returncode != 0:
             raise ImageError("podman build failed:\n" + "\n".join(tail))
         log(f"built {ref} in {time.monotonic() - started:.0f}s")
-        _remove_older(REPOSITORY, keep=ref)
+        _remove_older(REPOSITORY, keep=ref, builds=KEEP_BUILDS)
     previous = image_id(DEV_TAG) if image_exists(DEV_TAG) else None
     podman("tag", ref, DEV_TAG)
     if previous is not None and previous != image_id(ref):
@@ -290,13 +301,21 @@ def ensure_image() -> str:
     return ref
 
 
-def _remove_older(repository: str, keep: str) -> None:
-    """Earlier builds of `repository` (other tags than `keep` and :dev). Untagged layers
+def _remove_older(repository: str, keep: str, builds: int = 1) -> None:
+    """Earlier builds of `repository` beyond the newest `builds` (`keep` and :dev always
+    stay; another checkout on the machine may be using a recent one). Untagged layers
     stay: they are `podman build --layers`' cache (the dependencies' layer above all)."""
-    listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", repository, check=False)
-    for ref in listed.stdout.split():
-        if ref not in (keep, DEV_TAG) and ref.startswith(repository + ":"):
-            podman("rmi", "--force", ref, check=False)
+    listed = podman(
+        "images", "--sort", "created", "--format", "{{.Repository}}:{{.Tag}}", repository,
+        check=False,
+    )  # fmt: skip
+    refs = [
+        ref
+        for ref in listed.stdout.split()
+        if ref not in (keep, DEV_TAG) and ref.startswith(repository + ":")
+    ]
+    for ref in refs[builds - 1 :]:  # newest first
+        podman("rmi", ref, check=False)  # refused while a container uses it
 
 
 def built_ref() -> str:
