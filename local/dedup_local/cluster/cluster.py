@@ -30,7 +30,7 @@ from ..paths import cache_dir
 from .agent import NodeAgent
 from .attacher import STORAGE_CLASS, Attacher
 from .proxy import ApiProxy
-from .runtime import CONTAINER_LABEL
+from .runtime import CONTAINER_LABEL, CONTAINER_PID_LABEL
 from .timings import ClusterTimings
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ def _blocks_dir() -> Path:
 def claim_ip_block(owner: Path) -> int:
     """A `127.<block>.0.0/16` for this cluster's pods that no other live cluster on the
     machine holds (several run at once: parallel test processes, a demo): a claim file per
-    block names its owner's data directory; a claim whose directory is gone is stale."""
+    block names its owner (data directory and process); a claim whose process is gone is
+    stale (a run killed before it could release it)."""
     directory = _blocks_dir()
     directory.mkdir(parents=True, exist_ok=True)
     for block in random.sample(IP_BLOCKS, len(IP_BLOCKS)):
@@ -58,12 +59,12 @@ def claim_ip_block(owner: Path) -> int:
         try:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            with contextlib.suppress(OSError):
-                if not Path(claim.read_text()).exists():
+            with contextlib.suppress(OSError, ValueError):
+                if not _alive(int(claim.read_text().split("\n")[1])):
                     claim.unlink()  # its cluster is gone; another start may take it
             continue
         with os.fdopen(fd, "w") as f:
-            f.write(str(owner))
+            f.write(f"{owner}\n{os.getpid()}")
         return block
     raise RuntimeError(f"every pod address block is claimed (see {directory})")
 
@@ -71,8 +72,34 @@ def claim_ip_block(owner: Path) -> int:
 def release_ip_block(block: int, owner: Path) -> None:
     claim = _blocks_dir() / str(block)
     with contextlib.suppress(OSError):
-        if claim.read_text() == str(owner):
+        if claim.read_text().split("\n")[0] == str(owner):
             claim.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphan_containers() -> None:
+    """Containers of local clusters whose process is gone (a test run killed before it
+    could stop its cluster): removed, so that they neither run on nor hold pod addresses."""
+    from ..image import podman
+
+    listed = podman("ps", "--all", "--format", f'{{{{.ID}}}} {{{{index .Labels "{CONTAINER_PID_LABEL}"}}}}',
+                    "--filter", f"label={CONTAINER_LABEL}", check=False)  # fmt: skip
+    orphans = [
+        cid
+        for cid, _, pid in (line.partition(" ") for line in listed.stdout.splitlines())
+        if not pid.strip().isdigit() or not _alive(int(pid))
+    ]
+    if orphans:
+        podman("rm", "--force", "--time", "0", *orphans, check=False)
 
 
 class LocalCluster:
@@ -160,6 +187,8 @@ class LocalCluster:
             self._data_dir = Path(tempfile.mkdtemp(prefix="run-", dir=root))
         self.pool.mkdir(parents=True, exist_ok=True)
         self._ip_block = claim_ip_block(self.data_dir)
+        if self.containers:
+            remove_orphan_containers()
         self.control_plane = ControlPlane(
             with_controllers=True, crds=self._crds, extra_args=self.timings.control_plane_args()
         )

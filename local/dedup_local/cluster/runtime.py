@@ -371,6 +371,7 @@ class PodmanContainer(ContainerProcess):
 
 # ---------------------------------------------------------------------- containers (pure)
 CONTAINER_LABEL = "dedup-local.cluster"
+CONTAINER_PID_LABEL = "dedup-local.pid"  # the process that runs the cluster
 
 
 def _merged_security(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
@@ -418,6 +419,7 @@ def podman_run_argv(
     """
     security = _merged_security(pod, container)
     argv = ["run", "--rm", "--name", name, "--label", f"{CONTAINER_LABEL}={cluster}",
+            "--label", f"{CONTAINER_PID_LABEL}={os.getpid()}",
             "--network", "host", "--pull", "never"]  # fmt: skip
     user = security.get("runAsUser")
     if user is not None:
