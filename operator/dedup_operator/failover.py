@@ -196,13 +196,22 @@ class NodeView:
     # whether that is `node_lost_after` or more (the shell compares, with the policy).
     heartbeat_age: timedelta | None = None
     heartbeat_stale: bool = False
+    # Without a node Lease: how long the operator has seen the Ready condition unchanged
+    # (its status and lastTransitionTime), on its own clock; None: not observed (then
+    # `ready_since`, the controller's wall clock, is all there is).
+    condition_age: timedelta | None = None
 
     def lost_for(self, now: datetime) -> timedelta:
         """How long the node has not heartbeated: its Lease seen unchanged that long; or,
-        without a node Lease, how long it has not been Ready (zero while it is)."""
+        without a node Lease, how long it has not been Ready (zero while it is), as seen
+        on the operator's clock where it could observe it."""
         if self.heartbeat_age is not None:
             return self.heartbeat_age
-        if self.ready == "True" or self.ready_since is None:
+        if self.ready == "True":
+            return timedelta(0)
+        if self.condition_age is not None:
+            return self.condition_age
+        if self.ready_since is None:
             return timedelta(0)
         return max(now - self.ready_since, timedelta(0))
 

@@ -61,6 +61,14 @@ def node_view(
     taints = (node.get("spec") or {}).get("taints") or []
     by = (_meta(node).get("annotations") or {}).get(names.ANNOTATION_TAINT_BY) or ""
     age = None if heartbeat is None else lease_view(heartbeat, clock).unchanged_for
+    condition_age = None
+    if heartbeat is None and clock is not None and ready is not None:
+        # no heartbeat to read: the Ready condition's changes, on the operator's clock too
+        stamp = LeaseStamp(
+            str(ready.get("status")), parse_time(ready.get("lastTransitionTime")), None
+        )
+        seen = clock.observe(("node-ready", str(_meta(node)["name"])), stamp)
+        condition_age = timedelta(seconds=seen)
     return NodeView(
         name=str(_meta(node)["name"]),
         ready=str(ready.get("status", "Unknown")) if ready else "Unknown",
@@ -69,6 +77,7 @@ def node_view(
         tainted_by=taint_owners(by),
         heartbeat_age=age,
         heartbeat_stale=age is not None and lost_after is not None and age >= lost_after,
+        condition_age=condition_age,
     )
 
 

@@ -269,3 +269,17 @@ def test_node_view_heartbeat_from_its_node_lease_on_the_operators_clock() -> Non
     assert stale.heartbeat_stale and not stale.up and stale.ready == "True"
     t[0] = 21.0
     assert node_view(node, beat("2"), clock, lost_after).up  # renewed: back
+
+
+def test_without_a_node_lease_the_ready_condition_is_timed_on_the_operators_clock() -> None:
+    """lastTransitionTime is the controller's wall clock: a day old here, yet a restarted
+    operator counts the node NotReady only from when it saw that condition."""
+    t = [0.0]
+    clock = LeaseClock(monotonic=lambda: t[0])
+    node = {"metadata": {"name": "node-a"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-11-21T10:00:00Z"}]}}  # fmt: skip
+    now = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    assert node_view(node, None, clock).lost_for(now) == timedelta(0)
+    t[0] = 12.5
+    assert node_view(node, None, clock).lost_for(now) == timedelta(seconds=12.5)
+    assert node_view(node).lost_for(now) == timedelta(days=1)  # no clock: the old way
