@@ -66,9 +66,15 @@ def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
 
 
 def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
-    if RUNTIME.leader is not None and not RUNTIME.leader.is_leader():
+    leader = RUNTIME.leader
+    if leader is None:
+        reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
+        return
+    if not leader.is_leader():
         return  # another replica acts; this one takes over if it stops renewing
-    reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
+    # and before each mutating call of the pass, again (a pass may outlive leadership)
+    with kube.acting(leader.is_leader):
+        reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
 
 
 def resync_forever() -> None:

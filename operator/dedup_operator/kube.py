@@ -4,11 +4,13 @@ camelCase form), which is what the pure modules (desired/, observed, failover) u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +54,16 @@ def _absent(exc: ApiException) -> bool:
     return bool(exc.status == 404)
 
 
+class Conflict(Exception):
+    """The pipeline changed since this pass read it (409 on a write carrying the
+    resourceVersion it saw): nothing written; the next pass re-reads and re-decides."""
+
+
+class NotLeader(Exception):
+    """This replica can no longer prove it leads (its leader Lease, on its own monotonic
+    clock): the pass stops before the mutating call it was about to make."""
+
+
 class Kube:
     """Synchronous calls, one ApiClient (kopf runs sync handlers in threads)."""
 
@@ -64,6 +76,24 @@ class Kube:
         self.dynamic_kinds: dict[str, Any] = {}
         self._crds: dict[str, tuple[float, bool]] = {}  # name -> (monotonic time, found)
         self._node_leases_denied_until = 0.0  # monotonic: node Leases refused until then
+        self._acting = threading.local()  # per thread: the leadership check of its pass
+
+    @contextlib.contextmanager
+    def acting(self, may_act: Callable[[], bool]) -> Iterator[None]:
+        """Within the block, in this thread, every mutating call first asks `may_act()`
+        (the replica's leadership, a monotonic-clock comparison) and raises NotLeader
+        instead of calling the API when it says no."""
+        outer = getattr(self._acting, "check", None)
+        self._acting.check = may_act
+        try:
+            yield
+        finally:
+            self._acting.check = outer
+
+    def _may_act(self, what: str) -> None:
+        check = getattr(self._acting, "check", None)
+        if check is not None and not check():
+            raise NotLeader(f"no longer the leader; not doing: {what}")
 
     def _json(self, obj: Any) -> Obj:
         data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -74,6 +104,7 @@ class Kube:
     def ensure(self, body: Mapping[str, Any]) -> bool:
         """Create `body` unless an object of that name exists; True if created. Kinds
         the operator keeps in step with the spec are updated by their own methods."""
+        self._may_act(f"create {body['kind']} {body['metadata']['name']}")
         kind, ns, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
         create, read = self._create_read(kind)
         try:
@@ -119,11 +150,13 @@ class Kube:
         return table[kind]
 
     def replace_role_rules(self, body: Mapping[str, Any]) -> None:
+        self._may_act("update the Role")
         rbac = client.RbacAuthorizationV1Api(self.api)
         meta = body["metadata"]
         rbac.patch_namespaced_role(meta["name"], meta["namespace"], {"rules": body["rules"]})
 
     def create_pod(self, body: Mapping[str, Any]) -> bool:
+        self._may_act(f"create pod {body['metadata']['name']}")
         meta = body["metadata"]
         try:
             self.core.create_namespaced_pod(meta["namespace"], body)  # type: ignore[arg-type]
@@ -188,6 +221,7 @@ class Kube:
     def apply_by_hash(self, body: Mapping[str, Any]) -> str:
         """Create `body` (a CronJob or ScheduledSparkApplication), or replace it when its
         `dedup.io/spec-hash` annotation differs; returns created|updated|unchanged."""
+        self._may_act(f"apply {body['kind']}")
         kind, meta = body["kind"], body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         read, create, replace, _ = self._scheduler_calls(kind)
@@ -215,6 +249,7 @@ class Kube:
 
     def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
         """Delete a scheduled-audit object; False if it (or its kind) is not there."""
+        self._may_act(f"delete {kind} {name}")
         delete = self._scheduler_calls(kind)[3]
         try:
             delete(namespace, name)
@@ -237,6 +272,7 @@ class Kube:
         self, namespace: str, config_map: Mapping[str, Any], reference: Mapping[str, Any]
     ) -> None:
         """Give a ConfigMap (as read) the pipeline's owner reference; compare-and-set."""
+        self._may_act("add an owner reference")
         meta = config_map["metadata"]
         refs = list(meta.get("ownerReferences") or [])
         if any(r.get("uid") == reference["uid"] for r in refs):
@@ -322,6 +358,7 @@ class Kube:
         """Clear a run-out Lease's holder (epoch kept), only if it is still at
         `resource_version` (the version the operator saw unchanged for its duration).
         False when it changed meanwhile (409: renewed, look again) or is gone."""
+        self._may_act(f"fence Lease {name}")
         body: dict[str, Any] = {"spec": {"holderIdentity": None}}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
@@ -350,6 +387,7 @@ class Kube:
 
     # ------------------------------------------------------------------- act
     def delete_pod(self, namespace: str, name: str, force: bool) -> None:
+        self._may_act(f"delete pod {name}")
         body = client.V1DeleteOptions(grace_period_seconds=0) if force else None
         try:
             self.core.delete_namespaced_pod(
@@ -394,6 +432,7 @@ class Kube:
         ("namespace/name"), or add `owner` to the mark of a taint the operator added for
         another pipeline. False (node untouched) if the node carries an out-of-service
         taint someone else set: that one is never claimed, so never lifted by us."""
+        self._may_act(f"taint node {node}")
 
         def attempt() -> bool:
             version, taints, owners = self._node_taints(node)
@@ -415,6 +454,7 @@ class Kube:
     def release_out_of_service(self, node: str, owner: str) -> bool:
         """Take pipeline `owner` off the node's out-of-service mark; with the last mark the
         taint goes too (True). A taint the operator did not add is never removed."""
+        self._may_act(f"untaint node {node}")
 
         def attempt() -> bool:
             try:
@@ -455,19 +495,32 @@ class Kube:
                 return None
             raise
 
-    def set_finalizer(self, namespace: str, name: str, finalizer: str, present: bool) -> None:
-        """Add or remove one finalizer of a pipeline (compare-and-set on its list)."""
+    def set_finalizer(
+        self,
+        namespace: str,
+        name: str,
+        finalizer: str,
+        present: bool,
+        resource_version: str | None = None,
+    ) -> str | None:
+        """Add or remove one finalizer of a pipeline (compare-and-set on its list). With
+        `resource_version` (what the pass read, or its own last write), only on that
+        version of the pipeline: raises Conflict if it changed. Returns the pipeline's
+        resourceVersion afterwards (None if it is gone)."""
+        self._may_act(f"set finalizer {finalizer}")
 
-        def attempt() -> None:
+        def attempt() -> str | None:
             body = self.pipeline(namespace, name)
             if body is None:
-                return
+                return None
             meta = body["metadata"]
+            if resource_version is not None and meta["resourceVersion"] != resource_version:
+                raise Conflict(f"{namespace}/{name} changed since this pass read it")
             current = list(meta.get("finalizers") or [])
             if (finalizer in current) == present:
-                return
+                return str(meta["resourceVersion"])
             wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
-            self.custom.patch_namespaced_custom_object(
+            out: Any = self.custom.patch_namespaced_custom_object(
                 names.GROUP,
                 names.VERSION,
                 namespace,
@@ -476,12 +529,23 @@ class Kube:
                 {"metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": wanted}},
                 _content_type="application/merge-patch+json",
             )
+            return str(out["metadata"]["resourceVersion"])
 
         try:
-            self._retry_conflicts(attempt)
+            if resource_version is not None:
+                try:
+                    return attempt()
+                except ApiException as exc:
+                    if exc.status == 409:
+                        raise Conflict(
+                            f"{namespace}/{name} changed since this pass read it"
+                        ) from None
+                    raise
+            return self._retry_conflicts(attempt)  # type: ignore[no-any-return]
         except ApiException as exc:
             if not _absent(exc):
                 raise
+            return None
 
     def release_volume_claims(self, namespace: str, pipeline: str) -> list[str]:
         """Remove the pipeline's owner reference from its PVCs, so deleting the pipeline
@@ -500,6 +564,7 @@ class Kube:
         return kept
 
     def resize_volume_claim(self, namespace: str, name: str, size: str) -> None:
+        self._may_act(f"resize {name}")
         self.core.patch_namespaced_persistent_volume_claim(
             name, namespace, {"spec": {"resources": {"requests": {"storage": size}}}}
         )
@@ -533,6 +598,7 @@ class Kube:
 
     def event(self, pipeline: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about the pipeline (what `kubectl describe dp` shows)."""
+        self._may_act(f"post Event {reason}")
         meta = pipeline["metadata"]
         now = datetime.now(UTC)
         body = {
@@ -559,16 +625,39 @@ class Kube:
         except ApiException as exc:  # an Event is worth a log line, not a failed pass
             log.warning("could not post event %s: %s", reason, exc.reason)
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            names.GROUP,
-            names.VERSION,
-            namespace,
-            names.PLURAL,
-            name,
-            {"status": dict(status)},
-            _content_type="application/merge-patch+json",
-        )
+    def patch_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> str:
+        """Merge `status` into the pipeline's status. With `resource_version` (what the
+        pass read at its start, or its own last write) the API server applies it only to
+        that version: 409 raises Conflict, and nothing is overwritten. Returns the new
+        resourceVersion."""
+        self._may_act("write status")
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            out: Any = self.custom.patch_namespaced_custom_object_status(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.PLURAL,
+                name,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 409 and resource_version is not None:
+                raise Conflict(
+                    f"{namespace}/{name} changed since this pass read it "
+                    f"(resourceVersion {resource_version})"
+                ) from None
+            raise
+        return str(out["metadata"]["resourceVersion"])
 
 
 # ------------------------------------------------------------------------- Kafka

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
     "dedup_operator_reconciles",
-    "Reconcile passes over a pipeline, by result (ok, invalid_spec, error)",
+    "Reconcile passes over a pipeline, by result (ok, invalid_spec, error, conflict, not-leader)",
     ("namespace", "pipeline", "result"),
 )
 RECONCILE_SECONDS = Histogram(

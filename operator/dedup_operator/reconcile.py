@@ -4,6 +4,14 @@ Reads what the cluster holds, decides per partition with `failover.partition_act
 persists the handover records into status *before* acting, carries out each action,
 and writes the status (with counters scraped from the workers' /metrics). Running it
 twice changes nothing; an operator killed anywhere resumes from the cluster's state.
+
+Optimistic concurrency: every write to the pipeline (status, its finalizer) carries the
+resourceVersion the pass read at its start (then that of its own last write), so a pass
+whose pipeline was changed meanwhile — by a successor leader above all — writes nothing
+(`Conflict`: re-read and re-decided next pass). The caller runs the pass inside
+`Kube.acting(leader.is_leader)`: each mutating call re-checks leadership first
+(`NotLeader`), so a replica paused past its leadership (SIGSTOP, a long GC, a frozen VM)
+does not carry on with a stale decision.
 """
 
 from __future__ import annotations
@@ -45,7 +53,9 @@ from dedup_operator.failover import (
     remove_out_of_service_taint,
 )
 from dedup_operator.kube import (
+    Conflict,
     Kube,
+    NotLeader,
     TopicCheck,
     check_input_topic,
     parse_kafka_settings,
@@ -69,6 +79,7 @@ from dedup_operator.status import (
     rfc3339,
     summary_conditions,
 )
+from dedup_worker import faults
 from dedup_worker.lease_clock import LeaseClock
 
 log = logging.getLogger("dedup_operator.reconcile")
@@ -140,6 +151,11 @@ def reconcile(
             memory.uid, memory.ensured, memory.topic = body["metadata"]["uid"], None, None
         try:
             status = _reconcile(kube, body, recorder(body), settings, memory)
+        except (Conflict, NotLeader) as exc:
+            result = "conflict" if isinstance(exc, Conflict) else "not-leader"
+            log.info("pass over %s/%s abandoned: %s", namespace, name, exc)
+            metrics.RECONCILES.labels(namespace, name, result).inc()
+            return None
         except Exception:
             metrics.RECONCILES.labels(namespace, name, "error").inc()
             raise
@@ -219,6 +235,8 @@ def _reconcile(
     us = f"{namespace}/{name}"  # how our out-of-service taints are marked
     previous: Mapping[str, Any] = body.get("status") or {}
     now = datetime.now(UTC)
+    # the pipeline's version this pass decides on; each of its own writes moves it on
+    version: str | None = meta.get("resourceVersion")
 
     try:
         spec = PipelineSpec.parse(name, namespace, body["spec"])
@@ -370,12 +388,16 @@ def _reconcile(
     tainted += marking
     if to_taint | to_join:
         # the finalizer first: a pipeline deleted from now on lifts its marks
-        kube.set_finalizer(namespace, name, names.FINALIZER_TAINTS, present=True)
+        version = kube.set_finalizer(
+            namespace, name, names.FINALIZER_TAINTS, present=True, resource_version=version
+        )
     if changed or marking:
-        kube.patch_status(
+        faults.maybe_stop("operator-before-handover-record")
+        version = kube.patch_status(
             namespace,
             name,
             {"partitions": [s.to_status() for s in parts.values()], "taintedNodes": tainted},
+            resource_version=version,
         )
 
     failovers = int(previous.get("failovers") or 0)
@@ -503,7 +525,9 @@ def _reconcile(
                 )
             tainted.remove(node_name)
     if not tainted and names.FINALIZER_TAINTS in (meta.get("finalizers") or []):
-        kube.set_finalizer(namespace, name, names.FINALIZER_TAINTS, present=False)
+        version = kube.set_finalizer(
+            namespace, name, names.FINALIZER_TAINTS, present=False, resource_version=version
+        )
 
     # -- counters from the workers' own metrics
     totals = {"dups": 0, "in": 0, "out": 0, "lag": 0}
@@ -570,7 +594,8 @@ def _reconcile(
     if last_audit:
         status["lastReconciliation"] = last_audit
     if any(previous.get(key) != value for key, value in status.items()):
-        kube.patch_status(namespace, name, status)  # unchanged status: no write, no event
+        # unchanged status: no write, no event
+        kube.patch_status(namespace, name, status, resource_version=version)
     return {**status, "_result": "ok"}
 
 
@@ -597,7 +622,9 @@ def _invalid(
         ),
     }
     meta = body["metadata"]
-    kube.patch_status(meta["namespace"], meta["name"], status)
+    kube.patch_status(
+        meta["namespace"], meta["name"], status, resource_version=meta.get("resourceVersion")
+    )
     return {**status, "_result": "invalid_spec"}
 
 

@@ -4,6 +4,10 @@ A chaos test sets `DEDUP_TEST_FAULTS="after-commit=0.05"` to have the worker SIG
 itself with that probability right after a Kafka commit and before the store write, the
 one crash window that only the catch-up from the output topic can repair. Unset (always,
 in production) this costs one dictionary lookup per batch.
+
+`maybe_stop` is the same for a SIGSTOP of the whole process (all its threads), once: a
+test sets e.g. `operator-before-handover-record=1` on one operator replica to freeze it
+between a decision and its first write, and resumes it later with SIGCONT.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 ENV = "DEDUP_TEST_FAULTS"
 
@@ -30,3 +35,14 @@ def maybe_crash(point: str) -> None:
     probability = _POINTS.get(point)
     if probability is not None and random.random() < probability:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_stop(point: str) -> None:
+    """SIGSTOP this process at `point` (with its probability), at most once per point."""
+    probability = _POINTS.get(point)
+    if probability is not None and random.random() < probability:
+        del _POINTS[point]
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # the stop reaches this thread only after another thread started the group stop:
+        # wait for it here, at the point, not a few statements further on
+        time.sleep(0.1)
