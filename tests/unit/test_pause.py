@@ -342,3 +342,25 @@ def test_an_aborted_abort_is_a_kafka_failure_not_a_silent_pause(tmp_path: Path) 
     token.hold = Hold.LAPSED
     with pytest.raises(KafkaException):
         w._commit(_Batch([], None, [], frozenset()))  # type: ignore[arg-type]
+
+
+def test_probes_while_paused_not_ready_but_alive() -> None:
+    import urllib.error
+    import urllib.request
+
+    from dedup_worker.metrics import Health, WorkerMetrics, serve
+
+    health = Health()
+    health.ready, health.paused = False, True
+    server = serve(WorkerMetrics("events", 0), health, 0, "127.0.0.1")
+    port = server.server_address[1]
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert refused.value.code == 503
+        assert refused.value.read() == b"paused: Lease not renewed\n"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as ok:
+            assert ok.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
