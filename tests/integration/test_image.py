@@ -23,6 +23,7 @@ import pytest
 from dedup_local.image import DEV_TAG, ensure_image, podman, podman_env
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import free_port
+from dedup_operator.desired.reconciliation import APPLICATION_FILE
 from dedup_operator.names import RUN_AS_USER
 from support.worker_helpers import event, output_ids, produce, read_committed, unique
 
@@ -62,6 +63,9 @@ def test_the_image_runs_as_its_user_with_java_and_the_kafka_jars(image: str) -> 
     assert lines[:3] == [str(RUN_AS_USER), str(RUN_AS_USER), "/home/dedup"]
     assert "openjdk" in lines[3]
     assert any(line.startswith("spark-sql-kafka-0-10_2.13") for line in lines[4:])
+    # The application file a ScheduledSparkApplication names is where the image has it.
+    application = APPLICATION_FILE.removeprefix("local://")
+    assert run(image, "test", "-f", application).returncode == 0, application
     # No test harness in the image.
     missing = run(image, "python", "-c", "import dedup_local")
     assert missing.returncode != 0 and "No module named 'dedup_local'" in missing.stderr

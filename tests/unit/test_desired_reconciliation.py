@@ -213,7 +213,8 @@ def test_spec_hash_follows_the_spec() -> None:
 
 def test_application_file_matches_the_dockerfile() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11[-\w.]*\s*$", dockerfile, re.M), "python version"
-    assert f"python -m venv {rec.IMAGE_VENV}" in dockerfile
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11[-\w.]*\s*$", dockerfile, re.M)
+    assert rec.IMAGE_PYTHON == "python3.11"
+    assert f"python3 -m venv {rec.IMAGE_VENV}" in dockerfile
     assert (ROOT / "spark" / "dedup_spark" / "reconcile.py").is_file()
     assert rec.APPLICATION_FILE.endswith("/dedup_spark/reconcile.py")
