@@ -438,9 +438,11 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
     tmp_path: Path,
 ) -> None:
     """`partition(node)`: the node and its pods lose the API server but keep running and
-    keep reaching Kafka. The old worker must stop committing and exit, by its own clock,
-    before the Lease runs out for anyone else, and the replacement commits only after
-    that: the workers' logs and the Lease prove the order; the output is exact."""
+    keep reaching Kafka. The old worker must stop committing and pause, by its own clock,
+    before the Lease runs out for anyone else (and release its store while others may take
+    the volume), and the replacement commits only after that: the workers' logs and the
+    Lease prove the order; the output is exact. Healed, the old worker finds the next
+    epoch holding the Lease and stops as fenced."""
     ns = cluster_namespace.name
     api = local_cluster.api_client()
     topic = topics(kafka, new_topic, 2)
@@ -481,10 +483,10 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
             assert new_pod == f"events-p0-e{before['epoch'] + 1}"
 
             old_lines = _log_lines(local_cluster, ns, old_pod)
-            fenced = [line for line in old_lines if str(line["message"]).startswith("fenced")]
-            assert fenced, f"{old_pod} did not log a fence: {old_lines[-5:]}"
-            old_stopped = _log_time(fenced[0])
-            old_last_commit = float(fenced[0]["last_commit"])
+            paused = [line for line in old_lines if str(line["message"]).startswith("paused: the")]
+            assert paused, f"{old_pod} did not pause: {old_lines[-5:]}"
+            old_stopped = _log_time(paused[0])
+            old_last_commit = float(paused[0]["last_commit"])
 
             def first_commit() -> dict[str, Any] | None:
                 return next(
@@ -504,8 +506,8 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
             assert lease.spec.lease_transitions == before["epoch"] + 1
             taken = lease.spec.acquire_time.timestamp()
             print(
-                f"after the cut: old last commit {old_last_commit - cut_at:+.2f}s, old fenced and "
-                f"exiting {old_stopped - cut_at:+.2f}s, Lease taken by {new_pod} "
+                f"after the cut: old last commit {old_last_commit - cut_at:+.2f}s, old paused "
+                f"{old_stopped - cut_at:+.2f}s, Lease taken by {new_pod} "
                 f"{taken - cut_at:+.2f}s, new first commit sent {new_first_commit - cut_at:+.2f}s"
             )
             assert old_last_commit < old_stopped < taken <= new_first_commit

@@ -8,10 +8,15 @@ commit one store write batch.
 
 A worker whose Lease hold lapsed (no successful renew within the renew deadline) pauses:
 the transaction in flight is aborted (the input rewound to it), nothing is consumed or
-committed, the store, producer and consumer stay open, /readyz says not ready and
-/healthz stays OK. When the hold is proved again at its own epoch it resumes at once,
-first moving the input to the offset committed by its last transaction. Only a Lease
-lost to another holder or a newer epoch stops it (`Fenced`, exit 3).
+committed, the producer and consumer stay open, /readyz says not ready and /healthz
+stays OK. The store stays open for a short lapse (an API server restart); once the
+pause has lasted a third of the Lease duration -- when others may see the Lease run
+out and the volume may be moved to the next epoch -- it is closed (its files and lock
+released; nothing has written to it since the pause began). When the hold is proved
+again at its own epoch the worker resumes at once: it reopens the store if it had
+closed it (and catches up from the output topic), then moves the input to the offset
+committed by its last transaction. Only a Lease lost to another holder or a newer epoch
+stops it (`Fenced`, exit 3).
 """
 
 from __future__ import annotations
@@ -153,6 +158,10 @@ class DedupWorker:
         self._fence: str | None = None  # why this worker is fenced, once it is
         self.state = WorkerState.RUNNING
         self._paused_at = 0.0  # monotonic time the current pause began
+        # how long a pause keeps the store open: a third of the Lease duration (None: no
+        # Lease, a standalone worker never pauses)
+        lease = config.lease
+        self._store_kept_s = None if lease is None else lease.duration_s / 3
         self._fatal: KafkaError | None = None  # the producer's fatal error, when it has one
         # wall-clock time the last commit returned (None before the first): the fenced
         # worker's log line carries it, to show it stopped before the next holder began
@@ -304,7 +313,7 @@ class DedupWorker:
         self.metrics.pauses.inc()
         log.warning(
             "paused: the Lease hold lapsed; no consuming or committing until it is renewed",
-            extra={"reason": self.fencing.why_not_held()},
+            extra={"reason": self.fencing.why_not_held(), "last_commit": self.last_commit_at},
         )
 
     def _paused_step(self) -> BatchResult:
@@ -312,6 +321,21 @@ class DedupWorker:
         aborts it, the token being lapsed, and the input is rewound to it; or it had
         committed just before the lapse and is completed as usual), then wait a little."""
         done, _, _ = self._complete()
+        paused_s = time.monotonic() - self._paused_at
+        kept = self._store_kept_s
+        if (
+            self.store is not None
+            and self._in_flight is None
+            and kept is not None
+            and paused_s >= kept
+        ):
+            self.store.close()
+            self.store = None
+            log.warning(
+                "paused: store closed (the Lease may have run out for others; the volume "
+                "may move to the next epoch)",
+                extra={"paused_seconds": round(paused_s, 3)},
+            )
         self.health.beat()  # alive: paused on purpose, not stuck
         self._stop.wait(PAUSED_STEP_S)
         return done
@@ -321,8 +345,16 @@ class DedupWorker:
         transaction recorded (an aborted one left nothing; the store was only written
         after commits), so nothing is skipped or done twice."""
         assert self.consumer is not None and self._in_flight is None
-        offset = self._resume_offset()
-        self.consumer.seek(TopicPartition(self._input.topic, self._input.partition, offset))
+        cfg = self.config
+        if self.store is None:  # closed during a long pause: reopen, catch up, reassign
+            self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
+            self.consumer.unassign()
+            catch_up(self.store, self.consumer, cfg.output_topic, cfg.partition, None)
+            offset = self._resume_offset()
+            self.consumer.assign([TopicPartition(cfg.input_topic, cfg.partition, offset)])
+        else:
+            offset = self._resume_offset()
+            self.consumer.seek(TopicPartition(self._input.topic, self._input.partition, offset))
         paused_s = time.monotonic() - self._paused_at
         self.state = WorkerState.RUNNING
         self.metrics.paused.set(0)
