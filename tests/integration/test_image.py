@@ -37,10 +37,12 @@ def image() -> str:
     return ensure_image()
 
 
-def run(image: str, *args: str, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run(
+    image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["podman", "run", "--rm", "--read-only", "--network", "host", *options, image, *args],
-        env=podman_env(), capture_output=True, text=True, timeout=120, check=False,
+        env=podman_env(), capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
 
 
@@ -158,7 +160,9 @@ def test_the_driver_mode_starts_spark_submit_in_client_mode(image: str, tmp_path
     tmp_path.chmod(0o755)  # the image's user reads it
     result = run(
         image, "driver", "--master", "local[1]", "/app/app.py",
+        timeout=300,  # a JVM and a SparkSession on a machine busy with other tests
         options=("--tmpfs", "/tmp", "--env", "SPARK_DRIVER_BIND_ADDRESS=127.0.0.1",
+                 "--env", "SPARK_LOCAL_IP=127.0.0.1",
                  "--mount", f"type=bind,src={tmp_path},dst=/app,ro=true"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
