@@ -1,15 +1,53 @@
 #!/usr/bin/env bash
 # The whole suite: fast unit tests first, then the integration tests against the real
-# Kafka broker, kube-apiserver and SparkSession. Prints progress per test.
+# Kafka broker, kube-apiserver, SparkSession and containers. Prints progress per test.
+#
+# The integration tests run as one pytest process per cluster they share
+# (tests/conftest.py, --cluster-group): the local cluster with containers, the local
+# cluster of processes, the bare control plane, Kafka+Spark. Their time is mostly waiting
+# on real parts, so the groups run side by side; each line is prefixed by its group.
+# DEDUP_TEST_GROUPS=sequential runs them one after the other.
 source "$(dirname "$0")/lib.sh"
 PY="$DEDUP_CACHE/venv/bin/python"
 cd "$REPO_ROOT"
 start=$(date +%s)
 log "unit tests"
 "$PY" -m pytest -m "not integration" -v -p no:cacheprovider tests
-# In parallel, one process per cluster the tests share (tests/conftest.py): the local
-# cluster with containers, the one with processes, the bare control plane, Kafka+Spark.
-workers="${DEDUP_TEST_WORKERS:-4}"
-log "integration tests (real Kafka, kube-apiserver, Spark, containers) in $workers processes"
-"$PY" -m pytest -m integration -v -p no:cacheprovider -n "$workers" --dist loadgroup tests
-log "all tests passed in $(( $(date +%s) - start ))s"
+
+groups=(containers local-cluster control-plane kafka-spark)
+results="$(mktemp -d)"
+trap 'rm -rf "$results"' EXIT
+run_group() {
+  local group="$1"
+  set +e
+  PYTHONUNBUFFERED=1 "$PY" -m pytest -m integration -v -p no:cacheprovider \
+    --cluster-group "$group" tests 2>&1 | tee "$results/$group.log" | sed -u "s/^/[$group] /"
+  echo "${PIPESTATUS[0]}" >"$results/$group.rc"
+}
+log "integration tests (real Kafka, kube-apiserver, Spark, containers): ${groups[*]}"
+if [[ "${DEDUP_TEST_GROUPS:-parallel}" == sequential ]]; then
+  for group in "${groups[@]}"; do run_group "$group"; done
+else
+  for group in "${groups[@]}"; do run_group "$group" & done
+  wait
+fi
+
+passed=0 failed=0 skipped=0 status=0
+for group in "${groups[@]}"; do
+  rc="$(cat "$results/$group.rc" 2>/dev/null || echo 1)"
+  summary="$(grep -E '^=+ .* in [0-9.]+s' "$results/$group.log" | tail -n1 | tr -d '=')"
+  log "$group: exit $rc:${summary:- no summary}"
+  for kind in passed failed skipped errors; do
+    n="$(grep -oE "[0-9]+ $kind" <<<"$summary" | grep -oE '[0-9]+' || true)"
+    case "$kind" in
+      passed) passed=$((passed + ${n:-0})) ;;
+      failed | errors) failed=$((failed + ${n:-0})) ;;
+      skipped) skipped=$((skipped + ${n:-0})) ;;
+    esac
+  done
+  # 5: no test in the group (pytest's exit code for "nothing collected") is not a failure
+  if [[ "$rc" != 0 && "$rc" != 5 ]]; then status=1; fi
+done
+log "all tests finished in $(( $(date +%s) - start ))s"
+echo "integration: $passed passed, $failed failed, $skipped skipped"
+exit "$status"
