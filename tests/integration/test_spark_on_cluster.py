@@ -42,7 +42,8 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
         *("--executor-memory", "512m", "--log-format", "text"),
     ]
     pod = driver_pod(driver, command, grant_driver(api, ns))
-    phase, log, executors = run_driver(container_namespace.cluster, api, ns, pod, timeout_s=300)
+    # Generous: the suite runs its groups side by side on two cores.
+    phase, log, executors = run_driver(container_namespace.cluster, api, ns, pod, timeout_s=600)
     print(f"driver log tail:\n{log[-3000:]}\nexecutors: {executors.seen}")
     assert phase == "Succeeded", log[-5000:]
 
