@@ -145,7 +145,9 @@ def test_skewed_worker_clocks_cause_no_early_takeover_and_no_overlap(
             assert decision.action == Steady(), decision
             a_offsets.append(committed_input(kafka.bootstrap, base.group, base.input_topic))
             time.sleep(0.25)
-        assert wait_exit(b, b_log, 2 * LEASE_S) == EXIT_FENCED, tail(b_log)
+        # B's acquire timeout runs from its own start, which a busy machine (the suite's
+        # groups side by side) delays by seconds: what counts is how it ends, not when.
+        assert wait_exit(b, b_log, 12 * LEASE_S) == EXIT_FENCED, tail(b_log)
         assert "not taken within" in " ".join(r["message"] for r in fenced_lines(b_log)), tail(
             b_log
         )
@@ -159,7 +161,7 @@ def test_skewed_worker_clocks_cause_no_early_takeover_and_no_overlap(
         b2_cfg = with_lease(replace(base, store_path=tmp_path / "b2-store"), 2, kubeconfig)
         b2 = start_worker(b2_cfg, b2_log, env=ahead)
         started = time.time()
-        took = wait_for_log(b2_log, "took the Lease", timeout_s=6 * LEASE_S)
+        took = wait_for_log(b2_log, "took the Lease", timeout_s=12 * LEASE_S)
         first = wait_for_log(b2_log, "first transaction committed")
         assert took["previous_holder"] == f"{lease_name}-e1"
         assert first["commit_sent"] >= started + LEASE_S - 0.5 > killed, (killed, started, first)
@@ -175,7 +177,7 @@ def test_skewed_worker_clocks_cause_no_early_takeover_and_no_overlap(
         stream.stop()
         wait_committed(kafka.bootstrap, base.group, base.input_topic, len(stream.ids), b2_log)
         b2.terminate()
-        assert wait_exit(b2, b2_log, 30) == 0, tail(b2_log)
+        assert wait_exit(b2, b2_log, 60) == 0, tail(b2_log)
         # released on a clean stop: free for the operator at once, whatever B's clock said
         _, (seen, _) = view.look(f"{lease_name}-e2", 2)
         assert seen.free and seen.expired()
