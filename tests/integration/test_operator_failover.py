@@ -327,7 +327,12 @@ def _fail_over(
         assert OUT_OF_SERVICE_TAINT in taints(api, lost)
         reasons = [e[1] for e in events(api, ns.name, "events")]
         assert reasons.count("FailoverStarted") == 1, reasons
-        assert reasons.count("FailoverCompleted") == 1, reasons
+        # Events are not persisted before acting: a pass abandoned after the work (the
+        # restarted operator's leadership check or a version conflict under load) may
+        # leave one untold; what happened is the Lease and the pods checked here.
+        assert reasons.count("FailoverCompleted") == (1 if kill_at is None else 0) or (
+            kill_at is not None and reasons.count("FailoverCompleted") == 1
+        ), reasons
         if kill_at is None:  # a killed operator may have tainted but not told
             assert "NodeOutOfService" in reasons
         pods = client.CoreV1Api(api).list_namespaced_pod(ns.name).items
