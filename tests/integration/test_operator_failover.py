@@ -330,9 +330,8 @@ def _fail_over(
         # Events are not persisted before acting: a pass abandoned after the work (the
         # restarted operator's leadership check or a version conflict under load) may
         # leave one untold; what happened is the Lease and the pods checked here.
-        assert reasons.count("FailoverCompleted") == (1 if kill_at is None else 0) or (
-            kill_at is not None and reasons.count("FailoverCompleted") == 1
-        ), reasons
+        completed = reasons.count("FailoverCompleted")
+        assert completed == 1 or (kill_at is not None and completed == 0), reasons
         if kill_at is None:  # a killed operator may have tainted but not told
             assert "NodeOutOfService" in reasons
         pods = client.CoreV1Api(api).list_namespaced_pod(ns.name).items
