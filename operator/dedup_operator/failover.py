@@ -490,12 +490,9 @@ def _continue_handover(
     if h.reason == HandoverReason.NODE_LOST:
         # 1. fenced: never touch the lost node while its worker may still hold the Lease
         # (it may be cut off from us but not from Kafka).
-        waiting = _lease_wait(obs, now)
-        if waiting is not None:
-            return Decision(waiting, h)
-        fence = _fence_lease(obs)
-        if fence is not None:
-            return Decision(fence, h)
+        unfenced = _until_fenced(obs, now)
+        if unfenced is not None:
+            return Decision(unfenced, h)
         h = h.mark("fenced", now)
         # 2. released: the old pods are gone.
         if old:
@@ -513,24 +510,18 @@ def _continue_handover(
         h = h.mark("released", now)
         if h.release == Release.GRACEFUL:
             # the pod may have run again on the healed node: as on a healthy node
-            waiting = _lease_wait(obs, now)
-            if waiting is not None:
-                return Decision(waiting, h)
-            fence = _fence_lease(obs)
-            if fence is not None:
-                return Decision(fence, h)
+            unfenced = _until_fenced(obs, now)
+            if unfenced is not None:
+                return Decision(unfenced, h)
     else:
         # On a healthy node the old worker is stopped first (SIGTERM: it finishes its
         # batch and gives up its Lease), then its Lease must be free or run out.
         if old:
             return Decision(_graceful(old, h), h)
         h = h.mark("released", now)
-        waiting = _lease_wait(obs, now)
-        if waiting is not None:
-            return Decision(waiting, h)
-        fence = _fence_lease(obs)
-        if fence is not None:
-            return Decision(fence, h)
+        unfenced = _until_fenced(obs, now)
+        if unfenced is not None:
+            return Decision(unfenced, h)
         h = h.mark("fenced", now)
 
     # 3. detached: no VolumeAttachment of the volume is left.
@@ -554,6 +545,13 @@ def _continue_handover(
     # 4. started: the replacement, away from the lost node.
     avoid = h.from_node if h.reason == HandoverReason.NODE_LOST else None
     return Decision(CreatePod(epoch=next_epoch(obs, h), avoid_node=avoid), h.mark("started", now))
+
+
+def _until_fenced(obs: PartitionObservation, now: datetime) -> Action | None:
+    """What stands before the old worker counts as fenced: its Lease still held (wait),
+    or run out but not yet cleared (clear it); None once fenced."""
+    waiting = _lease_wait(obs, now)
+    return waiting if waiting is not None else _fence_lease(obs)
 
 
 def _lease_wait(obs: PartitionObservation, now: datetime) -> Steady | None:
