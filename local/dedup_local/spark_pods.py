@@ -1,7 +1,7 @@
 """Running a Spark driver as a pod on the local cluster (tests and benchmarks).
 
 The driver's ServiceAccount gets the operator's own Role rules for an audit driver
-(`dedup_operator.desired.reconciliation.DRIVER_RULES`), and its pod the identity env
+(`dedup_operator.desired.audit.DRIVER_RULES`), and its pod the identity env
 of `dedup_spark.session`. While it runs, `ExecutorWatch` records the executor pods Spark
 creates (it deletes them at the end).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
-from dedup_operator.desired.reconciliation import DRIVER_RULES
+from dedup_operator.desired.audit import DRIVER_RULES
 from dedup_spark.session import pod_identity_env
 
 from .cluster import LocalCluster

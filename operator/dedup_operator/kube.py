@@ -22,7 +22,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from dedup_operator import names
-from dedup_operator.desired.reconciliation import (
+from dedup_operator.desired.audit import (
     SCHEDULED_APP_LABEL,
     SCHEDULED_SPARK_APPLICATIONS,
     SPARK_APPLICATIONS,

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from dedup_operator import metrics, names
-from dedup_operator import reconciliation as audit_result
+from dedup_operator import audit_result, metrics, names
+from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired import partition as desired_partition
-from dedup_operator.desired import reconciliation as desired_audit
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.pipeline import pipeline_objects, role
 from dedup_operator.failover import (

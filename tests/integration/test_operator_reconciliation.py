@@ -30,7 +30,7 @@ from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import ExecutorWatch
 from dedup_operator import names
-from dedup_operator.desired import reconciliation as desired_audit
+from dedup_operator.desired import audit as desired_audit
 from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dedup_operator import names
-from dedup_operator.desired import reconciliation as rec
+from dedup_operator.desired import audit as rec
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.partition import worker_pod
 from dedup_operator.spec import PipelineSpec

@@ -18,7 +18,7 @@ of two schedulers (`reconciliation_objects(..., spark_operator=...)`):
 Both run at most one audit at a time (concurrency Forbid: the Spark operator starts
 nothing at all when its policy is empty, so it is always set) and keep 3 finished runs.
 The job writes its summary into the ConfigMap `P-reconciliation`, which the operator
-reads into `status.lastReconciliation` (see dedup_operator.reconciliation).
+reads into `status.lastReconciliation` (see dedup_operator.audit_result).
 
 Each scheduler object carries the hash of its spec in `dedup.io/spec-hash`: the server
 fills defaults into what it stores, so the operator compares hashes, not specs.
@@ -43,7 +43,7 @@ REPORT_DIR: Final = "/reports"
 REPORT_VOLUME: Final = "reports"
 
 # The Dockerfile installs the project into the venv /opt/dedup of python:3.11 (checked
-# by tests/unit/test_desired_reconciliation.py): the job's module inside the image.
+# by tests/unit/test_desired_audit.py): the job's module inside the image.
 IMAGE_PYTHON: Final = "python3.11"
 IMAGE_VENV: Final = "/opt/dedup"
 APPLICATION_FILE: Final = (
