@@ -12,10 +12,26 @@ known; the rest is `pending`, not yet the worker's to have done):
 
 * **duplicates**: output records whose id was already published less than a window
   earlier (by record timestamp);
-* **missing**: ids with a valid input occurrence that no output record covers: none of
-  the id is published at or after the occurrence's timestamp minus the window (plus
-  `slack`, for the worker's window being kept a little longer than its duration: by
-  up to `1/generations`, see `dedup_worker.window`);
+* **missing**: valid input occurrences that no output accounts for. An occurrence is
+  accounted for when it is *published* (an output record is its publication: same id
+  and timestamp, the first such input offset, as the worker keeps the input's
+  timestamp) or when it is a *repeat*: a publication of the same id from an earlier
+  input offset has a timestamp at or after the occurrence's minus the window and
+  `slack` (the worker keeps an id a little longer than its duration: up to
+  `1/generations` more, see `dedup_worker.window`). Any later publication of the id
+  (a legitimate repeat after the window) covers nothing before it. Each unaccounted
+  occurrence is one finding;
+* **unverifiable**: what retention deleted before the audit could read it (`Retention`):
+  in-range input offsets no longer in the input topic (one finding per span, counted
+  by offset; for a time range whose start is older than the oldest retained input
+  record, all deleted offsets are counted: an upper bound, as their timestamps are
+  gone), and unaccounted occurrences whose publication, or the publication they
+  repeat, may have been in deleted output (the window reaches back past the oldest
+  retained output record). Not findings of loss, not proof of its absence:
+  `passed(totals, fail_on_unverifiable=...)` decides (README, "Reconciliation audit");
+* **content mismatches**: output records whose key, value or headers (the worker's
+  `dedup.id` header aside) differ from those of the input occurrence they publish,
+  compared by 64-bit digests (`source.content_digest`) when both sides have one;
 * **missing dead letters**: invalid input records with no dead letter from their offset;
 * **unexpected**: output records whose id has no input occurrence at all;
 * **order violations**: output records whose input occurrence comes before that of an
@@ -23,8 +39,9 @@ known; the rest is `pending`, not yet the worker's to have done):
 * counts: input, valid, distinct, published, dead-lettered (by reason), pending, and
   the input's duplicate rate.
 
-The audit passes when duplicates, missing, missing dead letters, unexpected and order
-violations are all zero. Nothing here does I/O; `reconcile.py` runs it per partition
+The audit passes when duplicates, missing, missing dead letters, unexpected, order
+violations and content mismatches are all zero (and, by default, nothing is
+unverifiable). Nothing here does I/O; `reconcile.py` runs it per partition
 inside Spark and `bench/reconcile.py` runs it in a plain Python reader.
 """
 
@@ -45,7 +62,17 @@ MISSING: Final = "missing"
 MISSING_DEAD_LETTER: Final = "missing_dead_letter"
 UNEXPECTED: Final = "unexpected"
 ORDER_VIOLATION: Final = "order_violation"
-FINDING_KINDS: Final = (DUPLICATE, MISSING, MISSING_DEAD_LETTER, UNEXPECTED, ORDER_VIOLATION)
+CONTENT_MISMATCH: Final = "content_mismatch"
+UNVERIFIABLE: Final = "unverifiable"
+FINDING_KINDS: Final = (
+    DUPLICATE,
+    MISSING,
+    MISSING_DEAD_LETTER,
+    UNEXPECTED,
+    ORDER_VIOLATION,
+    CONTENT_MISMATCH,
+    UNVERIFIABLE,
+)
 
 
 class InputRecord(NamedTuple):
@@ -53,12 +80,14 @@ class InputRecord(NamedTuple):
     timestamp_ms: int
     id: str | None  # None: invalid, see reason
     reason: str | None = None
+    digest: int | None = None  # of key, value and headers (None: not compared)
 
 
 class OutputRecord(NamedTuple):
     offset: int
     timestamp_ms: int
     id: str | None  # None: the output record has no valid id (itself unexpected)
+    digest: int | None = None  # of key, value and headers without `dedup.id`
 
 
 class DeadLetter(NamedTuple):
@@ -69,7 +98,8 @@ class DeadLetter(NamedTuple):
 
 class Finding(NamedTuple):
     """One thing wrong, with where to look: the output offset (duplicates, unexpected,
-    order violations) or the input offset (missing, missing dead letters)."""
+    order violations, content mismatches) or the input offset (missing, missing dead
+    letters, unverifiable: for a deleted span, its first offset)."""
 
     kind: str
     id: str | None
@@ -117,6 +147,41 @@ def _within(values: npt.NDArray[np.int64], lo: int | None, hi: int | None) -> np
     return mask
 
 
+@dataclass(frozen=True)
+class Retention:
+    """What retention left of one partition when the audit read it: the log start
+    offsets of the input and output partitions (Kafka's low watermarks; 0: nothing
+    deleted) and the timestamps of their oldest retained committed records (None: none
+    retained, or not asked because nothing was deleted)."""
+
+    input_start: int = 0
+    input_first_ms: int | None = None
+    output_start: int = 0
+    output_first_ms: int | None = None
+
+    def lost_input(self, partition: int, audit_range: AuditRange) -> tuple[int, int] | None:
+        """The span `[start, end)` of deleted input offsets that may hold records in range
+        (None: none). Exact for an offset range; for a time range, every deleted offset
+        when the range starts before the oldest retained input record."""
+        if self.input_start <= 0:
+            return None
+        if audit_range.offsets is not None:
+            bounds = audit_range.offsets.get(partition)
+            if bounds is None or bounds[0] >= min(bounds[1], self.input_start):
+                return None
+            return bounds[0], min(bounds[1], self.input_start)
+        first = self.input_first_ms
+        if audit_range.from_ms is not None and first is not None and first <= audit_range.from_ms:
+            return None  # retained input reaches back before the range
+        return 0, self.input_start
+
+    def output_horizon_ms(self) -> int | None:
+        """Publications older than this may have been deleted (None: none were)."""
+        if self.output_start <= 0:
+            return None
+        return _NEVER if self.output_first_ms is None else self.output_first_ms
+
+
 @dataclass
 class PartitionAudit:
     partition: int
@@ -126,6 +191,7 @@ class PartitionAudit:
     published: int = 0
     dead_lettered: int = 0
     pending: int = 0
+    unverifiable: int = 0
     dead_lettered_by_reason: Counter[str] = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)
 
@@ -151,6 +217,8 @@ class PartitionAudit:
                 "missingDeadLetters": self.count(MISSING_DEAD_LETTER),
                 "unexpected": self.count(UNEXPECTED),
                 "orderViolations": self.count(ORDER_VIOLATION),
+                "contentMismatches": self.count(CONTENT_MISMATCH),
+                "unverifiable": self.unverifiable,
             }
         )
 
@@ -167,8 +235,18 @@ COUNT_NAMES: Final = (
     "missingDeadLetters",
     "unexpected",
     "orderViolations",
+    "contentMismatches",
+    "unverifiable",
 )
-FAILING: Final = ("duplicates", "missing", "missingDeadLetters", "unexpected", "orderViolations")
+FAILING: Final = (
+    "duplicates",
+    "missing",
+    "missingDeadLetters",
+    "unexpected",
+    "orderViolations",
+    "contentMismatches",
+)
+"""Counts that fail an audit whatever the settings; `unverifiable` fails it by default."""
 
 
 def totals_of(counts: Mapping[str, int]) -> dict[str, Any]:
@@ -188,8 +266,11 @@ def add_totals(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return totals_of(summed)
 
 
-def passed(totals: Mapping[str, Any]) -> bool:
-    return all(int(totals.get(name, 0)) == 0 for name in FAILING)
+def passed(totals: Mapping[str, Any], *, fail_on_unverifiable: bool = True) -> bool:
+    """No finding of loss, duplication or change; and, unless told otherwise, nothing
+    that retention kept from being verified."""
+    failing = (*FAILING, "unverifiable") if fail_on_unverifiable else FAILING
+    return all(int(totals.get(name, 0)) == 0 for name in failing)
 
 
 def audit_partition(
@@ -202,6 +283,7 @@ def audit_partition(
     window_ms: int,
     slack_ms: int = 0,
     committed_offset: int | None = None,
+    retention: Retention | None = None,
 ) -> PartitionAudit:
     """Audit one partition (module docstring), from records in offset order."""
     return audit_columns(
@@ -211,14 +293,16 @@ def audit_partition(
         window_ms=window_ms,
         slack_ms=slack_ms,
         committed_offset=committed_offset,
+        retention=retention,
     )
 
 
 @dataclass(frozen=True)
 class PartitionColumns:
-    """One partition's records as columns, inputs and outputs in offset order: offsets
-    and timestamps as int64 arrays, ids and reasons as Arrow string arrays (null: none).
-    A dead letter without an origin offset has -1."""
+    """One partition's records as columns, inputs and outputs in offset order: offsets,
+    timestamps and content digests as int64 arrays, ids and reasons as Arrow string
+    arrays (null: none). A dead letter without an origin offset has -1; a record without
+    a digest has `NO_DIGEST` (not compared)."""
 
     input_offset: npt.NDArray[np.int64]
     input_timestamp_ms: npt.NDArray[np.int64]
@@ -230,6 +314,8 @@ class PartitionColumns:
     dead_origin_offset: npt.NDArray[np.int64]
     dead_timestamp_ms: npt.NDArray[np.int64]
     dead_reason: pa.Array
+    input_digest: npt.NDArray[np.int64] | None = None
+    output_digest: npt.NDArray[np.int64] | None = None
 
     @classmethod
     def of_records(
@@ -249,12 +335,14 @@ class PartitionColumns:
             _ints([-1 if d.origin_offset is None else d.origin_offset for d in dead_letters]),
             _ints([d.timestamp_ms for d in dead_letters]),
             pa.array([d.reason for d in dead_letters], pa.string()),
+            _ints([NO_DIGEST if r.digest is None else r.digest for r in inputs]),
+            _ints([NO_DIGEST if r.digest is None else r.digest for r in outputs]),
         )
 
     @classmethod
     def of_tables(cls, inputs: pa.Table, outputs: pa.Table, dead: pa.Table) -> PartitionColumns:
         """From Arrow tables with the `InputRecord`, `OutputRecord` and `DeadLetter` field
-        names as columns (in offset order)."""
+        names as columns (in offset order; `digest` optional)."""
         return cls(
             _column_ints(inputs, "offset"),
             _column_ints(inputs, "timestamp_ms"),
@@ -266,16 +354,28 @@ class PartitionColumns:
             _column_ints(dead, "origin_offset"),
             _column_ints(dead, "timestamp_ms"),
             dead.column("reason").combine_chunks(),
+            _digests(inputs),
+            _digests(outputs),
         )
+
+
+NO_DIGEST: Final = np.iinfo(np.int64).min
+"""A record whose content is not compared."""
 
 
 def _ints(values: Sequence[int]) -> npt.NDArray[np.int64]:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _column_ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    column = table.column(name).combine_chunks().cast(pa.int64()).fill_null(-1)
+def _column_ints(table: pa.Table, name: str, null: int = -1) -> npt.NDArray[np.int64]:
+    column = table.column(name).combine_chunks().cast(pa.int64()).fill_null(null)
     return _ints(column.to_numpy())
+
+
+def _digests(table: pa.Table) -> npt.NDArray[np.int64] | None:
+    if "digest" not in table.column_names:
+        return None
+    return _column_ints(table, "digest", NO_DIGEST)
 
 
 def audit_columns(
@@ -286,6 +386,7 @@ def audit_columns(
     window_ms: int,
     slack_ms: int = 0,
     committed_offset: int | None = None,
+    retention: Retention | None = None,
 ) -> PartitionAudit:
     """Audit one partition (module docstring), vectorised over its columns: ids become
     integer codes once, and every rule is an array operation (records/s in
@@ -293,6 +394,7 @@ def audit_columns(
     if window_ms <= 0:
         raise ValueError(f"the window must be positive, not {window_ms} ms")
     r = records
+    retention = retention or Retention()
     audit = PartitionAudit(partition)
     in_code, out_code, n_codes = _id_codes(r.input_id, r.output_id)
     n_codes = max(n_codes, 1)  # per-id arrays are indexed with code -1 clipped to 0
@@ -319,7 +421,7 @@ def audit_columns(
         lo, hi = 0, 0
 
     # Output: the input occurrence each record published (same id and timestamp, first
-    # such input offset), duplicates, unexpected, order.
+    # such input offset), duplicates, unexpected, order, contents.
     source = _first_occurrence(
         in_code, r.input_timestamp_ms, r.input_offset, out_code, r.output_timestamp_ms
     )
@@ -342,7 +444,20 @@ def audit_columns(
     newest = np.maximum.accumulate(np.where(ordered, source, -1)) if len(source) else source
     newest_before = np.concatenate([[-1], newest[:-1]]) if len(newest) else newest
     violation = out_in_range & ~unexpected & ~duplicate & has_source & (source < newest_before)
-    for i in np.flatnonzero(unexpected | duplicate | violation):
+    # The input row of each output's source (inputs are in offset order).
+    source_row = np.searchsorted(r.input_offset, source) if len(source) else source
+    changed = np.zeros(len(source), dtype=bool)
+    if r.input_digest is not None and r.output_digest is not None and len(r.input_digest):
+        source_digest = r.input_digest[np.clip(source_row, 0, len(r.input_digest) - 1)]
+        changed = (
+            out_in_range
+            & ~unexpected
+            & has_source
+            & (r.output_digest != NO_DIGEST)
+            & (source_digest != NO_DIGEST)
+            & (r.output_digest != source_digest)
+        )
+    for i in np.flatnonzero(unexpected | duplicate | violation | changed):
         out_id = r.output_id[i].as_py()
         offset, ts = int(r.output_offset[i]), int(r.output_timestamp_ms[i])
         if unexpected[i]:
@@ -357,7 +472,7 @@ def audit_columns(
                     f"published {ts - int(previous[i])} ms after the last time",
                 )
             )
-        else:
+        elif violation[i]:
             audit.findings.append(
                 Finding(
                     ORDER_VIOLATION,
@@ -368,31 +483,75 @@ def audit_columns(
                     f"{int(newest_before[i])}",
                 )
             )
+        if changed[i]:
+            audit.findings.append(
+                Finding(
+                    CONTENT_MISMATCH,
+                    out_id,
+                    offset,
+                    ts,
+                    f"key, value or headers differ from input offset {int(source[i])}",
+                )
+            )
 
-    # Input: missing ids (the first occurrence of each id that no publication covers:
-    # none at or after its timestamp minus the window and slack) and missing dead letters.
-    last_published = np.full(n_codes, _NONE, dtype=np.int64)
-    np.maximum.at(last_published, out_code[out_valid], r.output_timestamp_ms[out_valid])
+    # Input: each checked valid occurrence is published or repeats a publication of its
+    # id from an earlier input offset dated at or after its timestamp minus the window
+    # and slack; what is neither is missing, or unverifiable when the publication it
+    # lacks may have been deleted from the output. Then missing dead letters.
     checked_valid = checked & in_valid
     audit.input = int(checked.sum())
     audit.valid = int(checked_valid.sum())
     audit.distinct = len(np.unique(in_code[checked_valid]))
-    covered_since = last_published[np.maximum(in_code, 0)]
-    uncovered = checked_valid & (covered_since < r.input_timestamp_ms - window_ms - slack_ms)
-    first_uncovered = np.flatnonzero(uncovered)
-    first_uncovered = first_uncovered[np.unique(in_code[first_uncovered], return_index=True)[1]]
+    published_input = np.zeros(len(in_code), dtype=bool)
+    published_input[source_row[has_source]] = True
+    latest = _latest_earlier_publication(
+        in_code, r.input_offset, r.input_timestamp_ms, out_code, source, r.output_timestamp_ms
+    )
+    earliest = r.input_timestamp_ms - window_ms - slack_ms
+    unaccounted = checked_valid & ~published_input & ~((latest != _NONE) & (latest >= earliest))
+    horizon = retention.output_horizon_ms()
+    blind = unaccounted & (earliest < (_NONE if horizon is None else horizon))
+    ever = np.zeros(n_codes, dtype=bool)
+    ever[out_code[out_valid]] = True
     no_dead_letter = checked & ~in_valid & ~np.isin(r.input_offset, r.dead_origin_offset)
-    for i in np.sort(np.concatenate([first_uncovered, np.flatnonzero(no_dead_letter)])):
+    lost = retention.lost_input(partition, audit_range)
+    if lost is not None:
+        start, end = lost
+        audit.unverifiable += end - start
+        first_ts = int(r.input_timestamp_ms[0]) if len(r.input_timestamp_ms) else 0
+        exact = audit_range.offsets is not None
+        audit.findings.append(
+            Finding(
+                UNVERIFIABLE,
+                None,
+                start,
+                first_ts,
+                f"input offsets {start}-{end - 1} deleted by retention"
+                + ("" if exact else ": the range starts before the oldest retained record"),
+            )
+        )
+    for i in np.flatnonzero(unaccounted | no_dead_letter):
         offset, ts = int(r.input_offset[i]), int(r.input_timestamp_ms[i])
-        if in_valid[i]:
-            ever = last_published[in_code[i]] != _NONE
+        if blind[i]:
+            audit.unverifiable += 1
+            audit.findings.append(
+                Finding(
+                    UNVERIFIABLE,
+                    r.input_id[i].as_py(),
+                    offset,
+                    ts,
+                    "not published, and output it could be accounted for by is deleted "
+                    f"(oldest retained output record: {horizon})",
+                )
+            )
+        elif in_valid[i]:
             audit.findings.append(
                 Finding(
                     MISSING,
                     r.input_id[i].as_py(),
                     offset,
                     ts,
-                    "not published within the window" if ever else "not published",
+                    "not published within the window" if ever[in_code[i]] else "not published",
                 )
             )
         else:
@@ -415,8 +574,49 @@ def audit_columns(
     return audit
 
 
+def _latest_earlier_publication(
+    in_code: npt.NDArray[np.int64],
+    in_offset: npt.NDArray[np.int64],
+    in_ts: npt.NDArray[np.int64],
+    out_code: npt.NDArray[np.int64],
+    source: npt.NDArray[np.int64],
+    out_ts: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Per input record, the newest timestamp among publications of its id from an
+    earlier input offset (an output without a source in the input read counts as
+    earlier than all of it); `_NONE` when there is none."""
+    pubs = out_code >= 0
+    pub_code, pub_ts = out_code[pubs], out_ts[pubs]
+    pub_at = np.where(source[pubs] >= 0, source[pubs], -1)
+    n_in, n_pub = len(in_code), len(pub_code)
+    # Events sorted by (id, offset), a publication before a query at the same offset
+    # (its own occurrence is not earlier than itself: it sorts after it instead).
+    code = np.concatenate([pub_code, in_code])
+    at = np.concatenate([pub_at, in_offset])
+    is_query = np.concatenate([np.zeros(n_pub, dtype=bool), np.ones(n_in, dtype=bool)])
+    times, rank = np.unique(np.concatenate([pub_ts, in_ts]), return_inverse=True)
+    rank = rank.astype(np.int64)
+    order = np.lexsort((~is_query, at, code))
+    # Running maximum of publication time ranks within each id: each id's values are
+    # lifted by code * k, so a maximum never crosses from one id into the next.
+    k = len(times) + 1
+    lifted = code * k + np.where(is_query, -1, rank[: n_pub + n_in])
+    running = np.maximum.accumulate(lifted[order]) if len(order) else lifted
+    found = running - code[order] * k
+    # A query's running maximum must not include its own publication: queries sort
+    # before publications at the same offset (lexsort key ~is_query: False first).
+    latest = np.full(n_in, _NONE, dtype=np.int64)
+    query_rows = order[is_query[order]] - n_pub
+    got = found[is_query[order]]
+    has = (got >= 0) & (in_code[query_rows] >= 0)
+    latest[query_rows[has]] = times[got[has]]
+    return latest
+
+
 _NONE: Final = np.iinfo(np.int64).min
 """No publication (an int64 no timestamp reaches)."""
+_NEVER: Final = np.iinfo(np.int64).max
+"""No output retained: every publication may have been deleted."""
 
 
 def _id_codes(

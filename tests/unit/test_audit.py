@@ -12,6 +12,7 @@ from dedup_spark.audit import (
     DeadLetter,
     InputRecord,
     OutputRecord,
+    Retention,
     add_totals,
     audit_partition,
     passed,
@@ -152,12 +153,16 @@ def test_the_vectorised_audit_agrees_with_the_loop_over_records(seed: int) -> No
         InputRecord(o, rng.randrange(0, 5 * W, 50), None if rng.random() < 0.1 else rng.choice(ids))
         for o in range(rng.randint(0, 120))
     ]
-    inputs = [r if r.id else r._replace(reason="id_null") for r in inputs]
+    inputs = [
+        (r if r.id else r._replace(reason="id_null"))._replace(digest=rng.randrange(3))
+        for r in inputs
+    ]
     outputs = [
         OutputRecord(
             o,
             rec.timestamp_ms if rng.random() < 0.9 else rng.randrange(0, 5 * W),
             None if rng.random() < 0.03 else rec.id if rng.random() < 0.95 else "stray",
+            rec.digest if rng.random() < 0.9 else rng.choice([None, 7]),
         )
         for o, rec in enumerate(
             rng.sample([r for r in inputs if r.id], k=min(60, len(inputs) // 2))
@@ -175,19 +180,26 @@ def test_the_vectorised_audit_agrees_with_the_loop_over_records(seed: int) -> No
         AuditRange(offsets={seed % 3: (10, 80)}),
         AuditRange(offsets={}),
     ]
+    retentions = [
+        None,
+        Retention(input_start=15, input_first_ms=rng.randrange(0, 5 * W)),
+        Retention(output_start=5, output_first_ms=rng.choice([None, rng.randrange(0, 5 * W)])),
+    ]
     for audit_range in ranges:
         for committed in (None, 0, 70):
-            kwargs: dict[str, Any] = {
-                "audit_range": audit_range,
-                "window_ms": W,
-                "slack_ms": W // 4,
-                "committed_offset": committed,
-            }
-            want = reference_audit(seed % 3, inputs, outputs, dead, **kwargs)
-            got = audit_partition(seed % 3, inputs, outputs, dead, **kwargs)
-            assert got.totals() == want.totals()
-            assert got.dead_lettered_by_reason == want.dead_lettered_by_reason
-            assert got.findings == want.findings
+            for retention in retentions:
+                kwargs: dict[str, Any] = {
+                    "audit_range": audit_range,
+                    "window_ms": W,
+                    "slack_ms": W // 4,
+                    "committed_offset": committed,
+                    "retention": retention,
+                }
+                want = reference_audit(seed % 3, inputs, outputs, dead, **kwargs)
+                got = audit_partition(seed % 3, inputs, outputs, dead, **kwargs)
+                assert got.totals() == want.totals()
+                assert got.dead_lettered_by_reason == want.dead_lettered_by_reason
+                assert sorted(got.findings, key=repr) == sorted(want.findings, key=repr)
 
 
 def test_a_partition_without_a_single_valid_id() -> None:
@@ -205,3 +217,98 @@ def test_a_partition_without_a_single_valid_id() -> None:
         ("missing_dead_letter", 1),
     ]
     assert (result.input, result.valid, result.distinct, result.dead_lettered) == (2, 0, 0, 1)
+
+
+@pytest.mark.parametrize("check", [audit_partition, reference_audit])
+def test_a_lost_occurrence_is_missing_though_a_repeat_after_the_window_is_published(
+    check: Any,
+) -> None:
+    """`a` at 0 never reached the output; its repeat at 3 W rightly did. The repeat's
+    publication is later than the lost occurrence, so it accounts for nothing before it
+    (the rule before issue 18 counted any publication at or after ts - window)."""
+    inputs = [InputRecord(0, 0, "a"), InputRecord(1, 10, "b"), InputRecord(2, 3 * W, "a")]
+    outputs = [OutputRecord(0, 10, "b"), OutputRecord(1, 3 * W, "a")]
+    result = check(0, inputs, outputs, [], audit_range=ALL, window_ms=W, slack_ms=W // 4)
+    assert [(f.kind, f.id, f.offset) for f in result.findings] == [("missing", "a", 0)]
+    assert not passed(result.totals())
+
+
+def test_a_dropped_repeat_is_accounted_for_only_by_an_earlier_publication() -> None:
+    # `a` published at 0; repeats at W/2 (inside) and at W + W/8 (inside the slack) may
+    # be dropped; at 3 W it must be published; a repeat of the lost one at 3 W + 10 is
+    # not accounted for either (nothing published within the window before it).
+    inputs = [
+        InputRecord(0, 0, "a"),
+        InputRecord(1, W // 2, "a"),
+        InputRecord(2, W + W // 8, "a"),
+        InputRecord(3, 3 * W, "a"),
+        InputRecord(4, 3 * W + 10, "a"),
+    ]
+    result = audit_partition(
+        0, inputs, [OutputRecord(0, 0, "a")], [], audit_range=ALL, window_ms=W, slack_ms=W // 4
+    )
+    assert [(f.kind, f.offset) for f in result.findings] == [("missing", 3), ("missing", 4)]
+
+
+@pytest.mark.parametrize("check", [audit_partition, reference_audit])
+def test_a_published_record_whose_contents_changed_is_reported(check: Any) -> None:
+    inputs = [InputRecord(0, 0, "a", digest=11), InputRecord(1, 5, "b", digest=22)]
+    outputs = [OutputRecord(0, 0, "a", digest=11), OutputRecord(1, 5, "b", digest=23)]
+    result = check(0, inputs, outputs, [], audit_range=ALL, window_ms=W)
+    assert [(f.kind, f.id, f.offset) for f in result.findings] == [("content_mismatch", "b", 1)]
+    assert result.totals()["contentMismatches"] == 1 and not passed(result.totals())
+
+
+@pytest.mark.parametrize("check", [audit_partition, reference_audit])
+def test_input_past_retention_is_reported_as_unverifiable(check: Any) -> None:
+    """Offsets 0-3 of the range 0-10 were deleted before the audit read them: 4 offsets
+    it could not verify, named, and the audit fails unless told to only warn."""
+    inputs, outputs = clean(10)
+    result = check(
+        0,
+        inputs[4:],
+        outputs[4:],
+        [],
+        audit_range=AuditRange(offsets={0: (0, 10)}),
+        window_ms=W,
+        retention=Retention(input_start=4, input_first_ms=40),
+    )
+    totals = result.totals()
+    assert totals["unverifiable"] == 4 and totals["missing"] == 0
+    assert [(f.kind, f.offset, f.detail) for f in result.findings] == [
+        ("unverifiable", 0, "input offsets 0-3 deleted by retention")
+    ]
+    assert not passed(totals)
+    assert passed(totals, fail_on_unverifiable=False)
+
+
+def test_a_time_range_older_than_the_retained_input_is_unverifiable() -> None:
+    inputs, outputs = clean(10)
+    kept = Retention(input_start=4, input_first_ms=40)
+    late = audit_partition(
+        0, inputs[4:], outputs, [], audit_range=AuditRange(50, 90), window_ms=W, retention=kept
+    )
+    assert late.passed  # the retained input reaches back before the range
+    early = audit_partition(
+        0, inputs[4:], outputs[4:], [], audit_range=AuditRange(0, 90), window_ms=W, retention=kept
+    )
+    assert early.unverifiable == 4  # an upper bound: the deleted offsets' times are gone
+    assert "starts before the oldest retained record" in early.findings[0].detail
+
+
+def test_an_unpublished_occurrence_whose_publication_may_be_deleted_is_unverifiable() -> None:
+    """The output kept only what was published from 500 on: an occurrence at 300 that
+    has no publication cannot be called missing, but it is not verified either."""
+    inputs, outputs = clean(100)
+    result = audit_partition(
+        0,
+        inputs,
+        [o for o in outputs if o.timestamp_ms >= 500],
+        [],
+        audit_range=AuditRange(offsets={0: (30, 100)}),
+        window_ms=W,
+        retention=Retention(output_start=50, output_first_ms=500),
+    )
+    totals = result.totals()
+    assert (totals["missing"], totals["unverifiable"]) == (0, 20)
+    assert {f.kind for f in result.findings} == {"unverifiable"}
