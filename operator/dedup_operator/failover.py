@@ -240,6 +240,7 @@ class PodView:
     # Unschedulable: its message) and since when (the condition's lastTransitionTime).
     unschedulable: str | None = None
     unschedulable_since: datetime | None = None
+    ip: str | None = None  # where its /metrics are scraped
 
 
 @dataclass(frozen=True)

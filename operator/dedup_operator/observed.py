@@ -167,6 +167,7 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
         unschedulable_since=(
             parse_time(scheduled.get("lastTransitionTime")) if scheduled and unschedulable else None
         ),
+        ip=status.get("podIP") or None,
     )
 
 

@@ -31,25 +31,16 @@ from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.pipeline import pipeline_objects, role
 from dedup_operator.failover import (
     BeginHandover,
-    CancelHandover,
     CompleteHandover,
     CreateLease,
     CreatePod,
-    Decision,
     DeletePods,
     FenceLease,
-    Handover,
     HandoverReason,
     NodeView,
-    PartitionObservation,
     PodView,
-    Release,
     ReleaseVolume,
-    Steady,
     TaintOutOfService,
-    join_out_of_service_taint,
-    partition_action,
-    remove_out_of_service_taint,
 )
 from dedup_operator.kube import (
     Conflict,
@@ -62,22 +53,22 @@ from dedup_operator.kube import (
     worker_counters,
 )
 from dedup_operator.observed import (
-    attachments_of,
     lease_view,
     node_pod,
     node_view,
     pod_view,
     worker_lease_name,
 )
-from dedup_operator.spec import PipelineSpec, SpecError, quantity
-from dedup_operator.status import (
-    Condition,
-    PartitionStatus,
-    merge_conditions,
-    phase_of,
-    rfc3339,
-    summary_conditions,
+from dedup_operator.plan import (
+    PipelineObservation,
+    Plan,
+    WorkerCounters,
+    pipeline_status,
+    plan_pass,
+    taint_mark,
 )
+from dedup_operator.spec import PipelineSpec, SpecError, quantity
+from dedup_operator.status import Condition, merge_conditions
 from dedup_worker import faults
 from dedup_worker.lease_clock import LeaseClock
 
@@ -167,7 +158,7 @@ def finalize(kube: Kube, body: Mapping[str, Any], record: Recorder) -> None:
     """A deleted pipeline lifts its marks from the out-of-service taints it relies on
     (and each taint with its last mark), then lets itself go (its finalizer)."""
     meta = body["metadata"]
-    us = f"{meta['namespace']}/{meta['name']}"
+    us = taint_mark(meta["namespace"], meta["name"])
     listed = set((body.get("status") or {}).get("taintedNodes") or [])
     for node_name in sorted(listed | set(kube.nodes_marked_by(us))):
         if kube.release_out_of_service(node_name, us):
@@ -178,15 +169,6 @@ def finalize(kube: Kube, body: Mapping[str, Any], record: Recorder) -> None:
             )
     kube.set_finalizer(meta["namespace"], meta["name"], names.FINALIZER_TAINTS, present=False)
     forget(meta["namespace"], meta["name"])
-
-
-_RELEASE_EVENTS = {
-    Release.GRACEFUL: ("Normal", "ReleasedGracefully"),
-    Release.OUT_OF_SERVICE_TAINT: ("Normal", "ReleaseByOutOfServiceTaint"),
-    Release.TAINT_BLOCKED: ("Warning", "OutOfServiceTaintBlocked"),
-    Release.WAIT_FOR_DETACH: ("Normal", "WaitingForDetach"),
-    Release.EXTERNAL: ("Normal", "WaitingForOutOfServiceTaint"),
-}
 
 
 def _lost_node_pods(
@@ -229,22 +211,38 @@ def _reconcile(
     settings: ReconcileSettings,
     memory: _Memory,
 ) -> dict[str, Any]:
+    """observe → decide (`plan.plan_pass`, pure) → act → report."""
     meta = body["metadata"]
-    name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
-    us = f"{namespace}/{name}"  # how our out-of-service taints are marked
-    previous: Mapping[str, Any] = body.get("status") or {}
+    name, namespace = meta["name"], meta["namespace"]
+    generation = int(meta.get("generation") or 1)
     now = datetime.now(UTC)
-    # the pipeline's version this pass decides on; each of its own writes moves it on
-    version: str | None = meta.get("resourceVersion")
-
     try:
         spec = PipelineSpec.parse(name, namespace, body["spec"])
     except SpecError as exc:
         return _invalid(kube, body, record, str(exc), generation, now)
     owner = Owner(name, namespace, meta["uid"])
+    claims = _ensure_objects(kube, spec, owner, generation, record, settings, memory)
+    obs = _observe(kube, spec, body, claims, record, settings, memory)
+    the_plan = plan_pass(obs, now)
+    # the pipeline's version this pass decided on; each of its own writes moves it on
+    version, tainted = _act(kube, spec, meta, the_plan, record)
+    return _report(
+        kube, spec, owner, obs, the_plan, tainted, version, record, settings, memory, now
+    )
 
-    # -- per-pipeline objects and volumes (on spec changes and every ensure_s)
-    claims = kube.volume_claims(namespace, name)
+
+def _ensure_objects(
+    kube: Kube,
+    spec: PipelineSpec,
+    owner: Owner,
+    generation: int,
+    record: Recorder,
+    settings: ReconcileSettings,
+    memory: _Memory,
+) -> dict[str, Any]:
+    """The pipeline's own objects (on spec changes and every ensure_s) and a volume
+    claim per partition, grown when spec.storage.size grows. Returns the claims as read
+    (before any created here: the next pass sees those)."""
     due = memory.ensured is None or memory.ensured[0] != generation
     if due or time.monotonic() - memory.ensured[1] > settings.ensure_s:  # type: ignore[index]
         for obj in pipeline_objects(spec, owner):
@@ -252,6 +250,7 @@ def _reconcile(
         kube.replace_role_rules(role(spec, owner))
         _schedule_audit(kube, spec, owner, cleanup=due)
         memory.ensured = (generation, time.monotonic())
+    claims = kube.volume_claims(spec.namespace, spec.name)
     for p in range(spec.partitions):
         claim_name = names.volume_claim(spec.name, p)
         claim = claims.get(claim_name)
@@ -263,25 +262,31 @@ def _reconcile(
             ((claim.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
         )
         if asked and quantity(asked) < quantity(spec.storage.size):
-            kube.resize_volume_claim(namespace, claim_name, spec.storage.size)
+            kube.resize_volume_claim(spec.namespace, claim_name, spec.storage.size)
             record("Normal", "VolumeResized", f"{claim_name}: {asked} -> {spec.storage.size}")
+    return claims
 
-    # -- what only the operator can check: the input topic
+
+def _observe(
+    kube: Kube,
+    spec: PipelineSpec,
+    body: Mapping[str, Any],
+    claims: Mapping[str, Any],
+    record: Recorder,
+    settings: ReconcileSettings,
+    memory: _Memory,
+) -> PipelineObservation:
+    """Everything the pass decides on, read once: the input topic (cached for
+    topic_check_s), pods, Leases, nodes with their heartbeats, VolumeAttachments; and
+    for a lost node this pipeline may taint, the pods the taint would evict."""
+    namespace, name = spec.namespace, spec.name
+    previous: Mapping[str, Any] = body.get("status") or {}
     topic = _topic(kube, spec, memory, settings)
-    previous_conditions = previous.get("conditions") or []
-    was = next((c for c in previous_conditions if c.get("type") == "TopicReady"), None)
+    was = next((c for c in previous.get("conditions") or [] if c.get("type") == "TopicReady"), None)
     if not topic.ok and (was is None or was.get("reason") != topic.reason):
         record("Warning", topic.reason, topic.message)
-    topic_condition = Condition("TopicReady", topic.ok, topic.reason, topic.message)
 
-    def startable(p: int) -> bool:
-        if topic.reason == "TopicMissing":
-            return False
-        return topic.partitions is None or p < topic.partitions
-
-    # -- observe
-    raw_pods = kube.pods(namespace, name)
-    leases = kube.leases(namespace, name)
+    raw_leases = kube.leases(namespace, name)
     heartbeats = kube.node_leases()  # None: unreadable, the Ready condition decides
     lost_after = spec.failover.node_lost_after
     nodes = {
@@ -296,22 +301,15 @@ def _reconcile(
             for o in kube.nodes()
         )
     }
-    vas = kube.volume_attachments()
-    pods_by_partition: dict[int, list[PodView]] = {}
-    pod_ips: dict[str, str] = {}
-    for raw in raw_pods:
+    pods: dict[int, list[PodView]] = {}
+    for raw in kube.pods(namespace, name):
         parsed = names.parse_worker_pod(raw["metadata"]["name"])
         if parsed is None or parsed[0] != name:
             continue
-        view = pod_view(raw, parsed[2], names.ANNOTATION_SPEC_HASH)
-        pods_by_partition.setdefault(parsed[1], []).append(view)
-        ip = (raw.get("status") or {}).get("podIP")
-        if ip:
-            pod_ips[view.name] = ip
-    previous_parts = {int(p["partition"]): p for p in previous.get("partitions") or []}
-    # A lost node this pipeline may taint: what the taint would evict is looked at first.
+        pods.setdefault(parsed[1], []).append(pod_view(raw, parsed[2], names.ANNOTATION_SPEC_HASH))
     if spec.failover.release_volume == ReleaseVolume.OUT_OF_SERVICE_TAINT:
-        for entry in previous_parts.values():
+        # A lost node this pipeline may taint: what the taint would evict is looked at first.
+        for entry in previous.get("partitions") or []:
             h_prev = entry.get("handover") or {}
             lost = nodes.get(h_prev.get("fromNode") or "")
             if (
@@ -321,93 +319,50 @@ def _reconcile(
                 and not lost.up
                 and not lost.out_of_service
             ):
-                nodes[lost.name] = _lost_node_pods(kube, lost, leases, namespace)
-
-    any_handover = any(p.get("handover") for p in previous_parts.values())
-    all_ready = all(
-        any(
-            v.ready and v.phase == "Running" and not v.deleting
-            for v in pods_by_partition.get(p, [])
-        )
-        for p in range(spec.partitions)
+                nodes[lost.name] = _lost_node_pods(kube, lost, raw_leases, namespace)
+    return PipelineObservation(
+        spec=spec,
+        generation=int(body["metadata"].get("generation") or 1),
+        previous=previous,
+        claims=claims,
+        pods={p: tuple(views) for p, views in pods.items()},
+        leases={n: lease_view(o, _lease_clock) for n, o in raw_leases.items()},
+        nodes=nodes,
+        attachments=kube.volume_attachments(),
+        topic=topic,
     )
-    may_roll = all_ready and not any_handover
 
-    # -- decide every partition, persist handovers, then act
-    decisions: dict[int, Decision] = {}
-    for p in range(spec.partitions):
-        prev = previous_parts.get(p, {})
-        handover = Handover.from_status(prev["handover"]) if prev.get("handover") else None
-        claim = claims.get(names.volume_claim(spec.name, p)) or {}
-        pv = (claim.get("spec") or {}).get("volumeName")
-        lease_obj = leases.get(names.lease(spec.name, p))
-        obs = PartitionObservation(
-            partition=p,
-            pods=tuple(pods_by_partition.get(p, [])),
-            nodes=nodes,
-            lease=lease_view(lease_obj, _lease_clock) if lease_obj else None,
-            attachments=attachments_of(vas, pv),
-            handover=handover,
-            desired_hash=desired_partition.template_hash(spec, p),
-            may_roll=may_roll,
-        )
-        decision = partition_action(obs, spec.failover.policy(), now)
-        decisions[p] = decision
-        if isinstance(decision.action, BeginHandover):
-            may_roll = False  # one partition rolls at a time
-    changed = any(
-        _handover_status(d) != (previous_parts.get(p, {}).get("handover") or None)
-        for p, d in decisions.items()
-    )
-    parts = {
-        p: _partition_status(p, pods_by_partition.get(p, []), d, previous_parts.get(p, {}))
-        for p, d in decisions.items()
-    }
-    for p, d in decisions.items():
-        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
-            parts[p] = _with(
-                parts[p],
-                last_handover={**d.action.handover.to_status(), "toPod": d.action.pod},
-                last_failover=rfc3339(now),
-            )
-    # Nodes about to be tainted are recorded first: a restarted operator must know which
-    # taints are its own to lift.
-    tainted = list(previous.get("taintedNodes") or [])
-    to_taint = {
-        d.action.node for d in decisions.values() if isinstance(d.action, TaintOutOfService)
-    }
-    to_join = {
-        d.handover.from_node
-        for d in decisions.values()
-        if d.handover is not None
-        and d.handover.from_node
-        and join_out_of_service_taint(nodes.get(d.handover.from_node), us, d.handover)
-    }
-    marking = sorted(n for n in to_taint | to_join if n not in tainted)
-    tainted += marking
-    if to_taint | to_join:
+
+def _act(
+    kube: Kube,
+    spec: PipelineSpec,
+    meta: Mapping[str, Any],
+    the_plan: Plan,
+    record: Recorder,
+) -> tuple[str | None, list[str]]:
+    """Carry out the plan: the taint finalizer and the plan's record persisted first,
+    then each partition's action with its Events, the taints joined, and our taints
+    lifted from nodes that are back. Returns the pipeline's resourceVersion after the
+    pass's own writes and status.taintedNodes as it now stands."""
+    namespace, name = spec.namespace, spec.name
+    us = taint_mark(namespace, name)
+    version: str | None = meta.get("resourceVersion")
+    tainted = list(the_plan.tainted)
+    if the_plan.set_finalizer:
         # the finalizer first: a pipeline deleted from now on lifts its marks
         version = kube.set_finalizer(
             namespace, name, names.FINALIZER_TAINTS, present=True, resource_version=version
         )
-    if changed or marking:
+    if the_plan.record is not None:
         faults.maybe_stop("operator-before-handover-record")
-        version = kube.patch_status(
-            namespace,
-            name,
-            {"partitions": [s.to_status() for s in parts.values()], "taintedNodes": tainted},
-            resource_version=version,
-        )
+        version = kube.patch_status(namespace, name, the_plan.record, resource_version=version)
 
-    failovers = int(previous.get("failovers") or 0)
-    for p, decision in decisions.items():
-        action = decision.action
+    owner = Owner(name, namespace, meta["uid"])
+    for step in the_plan.steps:
+        p, action = step.partition, step.action
         if isinstance(action, CreateLease):
             kube.ensure(desired_partition.lease(spec, p, owner))
         elif isinstance(action, CreatePod):
-            if not startable(p):
-                parts[p] = _with(parts[p], waiting_for=f"input topic ({topic.reason})")
-                continue
             pod = desired_partition.worker_pod(spec, p, action.epoch, owner, action.avoid_node)
             if kube.create_pod(pod):
                 away = f", away from {action.avoid_node}" if action.avoid_node else ""
@@ -434,10 +389,8 @@ def _reconcile(
                     f"partition {p}: Lease {lease_name} of {action.holder} not renewed for its "
                     "duration (on the operator's clock): holder cleared",
                 )
-        elif isinstance(action, TaintOutOfService):
-            if action.node in to_join:
-                pass  # joined below
-            elif kube.taint_out_of_service(action.node, us):
+        elif isinstance(action, TaintOutOfService) and action.node not in the_plan.to_join:
+            if kube.taint_out_of_service(action.node, us):
                 record(
                     "Warning",
                     "NodeOutOfService",
@@ -447,46 +400,16 @@ def _reconcile(
             elif action.node in tainted:  # someone else's taint got there first
                 tainted.remove(action.node)
         elif isinstance(action, BeginHandover):
-            h = action.handover
-            metrics.FAILOVERS_STARTED.labels(namespace, name, h.reason.value).inc()
-            record(
-                "Warning" if h.reason != HandoverReason.SPEC_CHANGED else "Normal",
-                "FailoverStarted" if h.reason != HandoverReason.SPEC_CHANGED else "RollStarted",
-                f"partition {p}: {h.reason.value}: moving from {h.from_pod or '-'} on "
-                f"{h.from_node or '-'} (epoch {h.from_epoch})",
-            )
+            metrics.FAILOVERS_STARTED.labels(namespace, name, action.handover.reason.value).inc()
         elif isinstance(action, CompleteHandover):
             h = action.handover
-            seconds = h.steps.get("ready", 0.0)
             metrics.FAILOVERS.labels(namespace, name, h.reason.value).inc()
-            metrics.FAILOVER_SECONDS.labels(h.reason.value).observe(seconds)
-            for step, at in h.steps.items():
-                metrics.FAILOVER_STEP_SECONDS.labels(namespace, name, str(p), step).set(at)
-            if h.reason != HandoverReason.SPEC_CHANGED:
-                failovers += 1
-            steps = ", ".join(f"{k} {v:.1f}s" for k, v in h.steps.items())
-            record(
-                "Normal",
-                "FailoverCompleted" if h.reason != HandoverReason.SPEC_CHANGED else "RollCompleted",
-                f"partition {p}: {action.pod} is Ready after {seconds:.1f}s ({steps})",
-            )
-        elif isinstance(action, CancelHandover):
-            record("Normal", "FailoverCancelled", f"partition {p}: {action.why}")
-        if decision.degraded and not (previous_parts.get(p, {}).get("waitingFor") or "").startswith(
-            "DEGRADED"
-        ):
-            record("Warning", decision.degraded_reason or "Degraded", decision.degraded)
-        h_now = decision.handover
-        h_was = previous_parts.get(p, {}).get("handover") or {}
-        if (
-            h_now is not None
-            and h_now.release is not None
-            and (h_was.get("release"), h_was.get("releaseWhy"))
-            != (h_now.release.value, h_now.release_why)
-        ):
-            type_, reason = _RELEASE_EVENTS[h_now.release]
-            record(type_, reason, f"partition {p}: {h_now.release_why}")
-    for node_name in sorted(to_join):
+            metrics.FAILOVER_SECONDS.labels(h.reason.value).observe(h.steps.get("ready", 0.0))
+            for step_name, at in h.steps.items():
+                metrics.FAILOVER_STEP_SECONDS.labels(namespace, name, str(p), step_name).set(at)
+        for event in step.events:
+            record(*event)
+    for node_name in sorted(the_plan.to_join):
         if kube.taint_out_of_service(node_name, us):
             record(
                 "Normal",
@@ -495,42 +418,39 @@ def _reconcile(
             )
         elif node_name in tainted:
             tainted.remove(node_name)
-
-    # -- lift out-of-service taints from nodes that are back and hold none of our volumes
-    our_pvs = {
-        (c.get("spec") or {}).get("volumeName")
-        for c in claims.values()
-        if (c.get("spec") or {}).get("volumeName")
-    }
-    for node_name in list(tainted):
-        node = nodes.get(node_name)
-        if node_name in to_taint | to_join:
-            continue  # marked in this pass, after `nodes` was read
-        if node is None or us not in node.tainted_by:
-            tainted.remove(node_name)  # gone, or untainted by someone: not ours to lift
-            continue
-        here = sum(
-            1
-            for va in vas
-            if (va.get("spec") or {}).get("nodeName") == node_name
-            and ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName") in our_pvs
-        )
-        if remove_out_of_service_taint(node, here, us):
-            if kube.release_out_of_service(node_name, us):
-                record(
-                    "Normal",
-                    "NodeBackInService",
-                    f"removed the out-of-service taint from {node_name}",
-                )
-            tainted.remove(node_name)
+    for node_name in the_plan.forget:
+        tainted.remove(node_name)
+    for node_name in the_plan.lift:
+        if kube.release_out_of_service(node_name, us):
+            record(
+                "Normal", "NodeBackInService", f"removed the out-of-service taint from {node_name}"
+            )
+        tainted.remove(node_name)
     if not tainted and names.FINALIZER_TAINTS in (meta.get("finalizers") or []):
         version = kube.set_finalizer(
             namespace, name, names.FINALIZER_TAINTS, present=False, resource_version=version
         )
+    return version, tainted
 
-    # -- counters from the workers' own metrics
-    totals = {"dups": 0, "in": 0, "out": 0, "lag": 0}
-    for p, entry in parts.items():
+
+def _report(
+    kube: Kube,
+    spec: PipelineSpec,
+    owner: Owner,
+    obs: PipelineObservation,
+    the_plan: Plan,
+    tainted: list[str],
+    version: str | None,
+    record: Recorder,
+    settings: ReconcileSettings,
+    memory: _Memory,
+    now: datetime,
+) -> dict[str, Any]:
+    """The workers' counters (their /metrics) and the audit's last result into the
+    status, written only when it changed."""
+    pod_ips = {v.name: v.ip for views in obs.pods.values() for v in views if v.ip}
+    counters: dict[int, WorkerCounters] = {}
+    for p, entry in the_plan.partitions.items():
         if not (entry.ready and entry.pod and entry.pod in pod_ips):
             continue
         text = scrape(pod_ips[entry.pod], timeout_s=settings.scrape_timeout_s)
@@ -545,56 +465,26 @@ def _reconcile(
                 "dedup_consumer_lag",
             ),
         )
-        parts[p] = _with(
-            entry, lag=int(c["dedup_consumer_lag"]), duplicates=int(c["dedup_duplicates_total"])
+        counters[p] = WorkerCounters(
+            duplicates=int(c["dedup_duplicates_total"]),
+            records_in=int(c["dedup_records_in_total"]),
+            records_out=int(c["dedup_records_out_total"]),
+            lag=int(c["dedup_consumer_lag"]),
         )
-        totals["dups"] += int(c["dedup_duplicates_total"])
-        totals["in"] += int(c["dedup_records_in_total"])
-        totals["out"] += int(c["dedup_records_out_total"])
-        totals["lag"] += int(c["dedup_consumer_lag"])
-
-    # -- status
-    entries = [parts[p] for p in range(spec.partitions)]
-    degraded = [d.degraded for d in decisions.values() if d.degraded]
-    if not topic.ok and topic.reason != "KafkaUnreachable":
-        degraded.append(topic.message)
-    spec_current = all(
-        all(
-            v.spec_hash == desired_partition.template_hash(spec, p)
-            for v in pods_by_partition.get(p, [])
-            if not v.deleting
-        )
-        for p in range(spec.partitions)
-    )
-    conditions = summary_conditions(
-        entries, spec.partitions, topic_condition, degraded, spec_current
-    )
-    last_audit = _audit_result(kube, spec, owner, previous, record, memory)
+    last_audit = _audit_result(kube, spec, owner, obs.previous, record, memory)
+    audit_condition = None
     if spec.reconciliation is not None and last_audit and "time" in last_audit:
-        conditions.append(audit_result.condition(last_audit))
-    ready_count = sum(1 for e in entries if e.ready)
-    phase = phase_of(entries, bool(degraded), previous.get("phase"))
-    if phase == "Running" and previous.get("phase") != "Running":
+        audit_condition = audit_result.condition(last_audit)
+    status = pipeline_status(obs, the_plan, counters, tainted, last_audit, audit_condition, now)
+    previous = obs.previous
+    if status["phase"] == "Running" and previous.get("phase") != "Running":
         record("Normal", "PipelineReady", f"all {spec.partitions} partitions are running")
-    metrics.PARTITIONS_NOT_RUNNING.labels(namespace, name).set(spec.partitions - ready_count)
-    status: dict[str, Any] = {
-        "phase": phase,
-        "observedGeneration": generation,
-        "readyPartitions": ready_count,
-        "duplicatesDropped": totals["dups"],
-        "recordsIn": totals["in"],
-        "recordsOut": totals["out"],
-        "consumerLag": totals["lag"],
-        "failovers": failovers,
-        "taintedNodes": tainted,
-        "conditions": merge_conditions(previous_conditions, conditions, generation, now),
-        "partitions": [e.to_status() for e in entries],
-    }
-    if last_audit:
-        status["lastReconciliation"] = last_audit
+    metrics.PARTITIONS_NOT_RUNNING.labels(spec.namespace, spec.name).set(
+        spec.partitions - status["readyPartitions"]
+    )
     if any(previous.get(key) != value for key, value in status.items()):
         # unchanged status: no write, no event
-        kube.patch_status(namespace, name, status, resource_version=version)
+        kube.patch_status(spec.namespace, spec.name, status, resource_version=version)
     return {**status, "_result": "ok"}
 
 
@@ -730,44 +620,3 @@ def _audit_result(
         metrics.RECONCILIATION_DUPLICATES.labels(ns, spec.name).set(out.last["duplicates"])
         metrics.RECONCILIATION_MISSING.labels(ns, spec.name).set(out.last["missing"])
     return out.last if out.last is not None else before
-
-
-def _handover_status(decision: Decision) -> dict[str, Any] | None:
-    return decision.handover.to_status() if decision.handover else None
-
-
-def _partition_status(
-    p: int, pods: list[PodView], decision: Decision, previous: Mapping[str, Any]
-) -> PartitionStatus:
-    current = max((v for v in pods if not v.deleting), key=lambda v: v.epoch, default=None)
-    if current is None:
-        current = max(pods, key=lambda v: v.epoch, default=None)
-    action = decision.action
-    waiting = None
-    if isinstance(action, Steady):
-        waiting = action.waiting_for
-    if decision.degraded:
-        waiting = f"DEGRADED: {decision.degraded}"
-    ready = bool(
-        current is not None
-        and current.ready
-        and current.phase == "Running"
-        and not current.deleting
-        and decision.handover is None
-    )
-    return PartitionStatus(
-        partition=p,
-        pod=current.name if current else None,
-        node=current.node if current else None,
-        epoch=current.epoch if current else 0,
-        phase=("FailingOver" if decision.handover else (current.phase if current else "Missing")),
-        ready=ready,
-        waiting_for=waiting,
-        handover=_handover_status(decision),
-        last_handover=previous.get("lastHandover"),
-        last_failover=previous.get("lastFailover"),
-    )
-
-
-def _with(entry: PartitionStatus, **changes: Any) -> PartitionStatus:
-    return replace(entry, **changes)

@@ -1,0 +1,401 @@
+"""What one reconcile pass does, decided from what it observed (pure).
+
+A pass over a pipeline is observe → decide → act → report (`reconcile.py` is the
+shell). This module is the decide step and the pure half of the report:
+
+- `plan_pass(observation, now)` decides every partition with
+  `failover.partition_action`, and from those decisions: the status record to persist
+  *before* acting (the handover records, and the nodes about to be tainted so that a
+  restarted operator knows which taints are its own to lift), whether the taint
+  finalizer must be set first, the actions to carry out in order, the Events that go
+  with them, and which of our out-of-service taints to lift or forget.
+- `pipeline_status(...)` composes the status written at the end of the pass.
+
+Nothing here reads the cluster or a clock; `reconcile.py` runs the plan and, where an
+action's outcome matters (a taint someone else's got there first), says so back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from dedup_operator import names
+from dedup_operator.desired import partition as desired_partition
+from dedup_operator.failover import (
+    Action,
+    BeginHandover,
+    CancelHandover,
+    CompleteHandover,
+    CreatePod,
+    Decision,
+    FailoverPolicy,
+    Handover,
+    HandoverReason,
+    LeaseView,
+    NodeView,
+    PartitionObservation,
+    PodView,
+    Release,
+    Steady,
+    TaintOutOfService,
+    join_out_of_service_taint,
+    partition_action,
+    remove_out_of_service_taint,
+)
+from dedup_operator.kube import TopicCheck
+from dedup_operator.observed import Obj, attachments_of
+from dedup_operator.spec import PipelineSpec
+from dedup_operator.status import (
+    Condition,
+    PartitionStatus,
+    merge_conditions,
+    phase_of,
+    rfc3339,
+    summary_conditions,
+)
+
+Event = tuple[str, str, str]  # (type "Normal"|"Warning", reason, message)
+
+RELEASE_EVENTS = {
+    Release.GRACEFUL: ("Normal", "ReleasedGracefully"),
+    Release.OUT_OF_SERVICE_TAINT: ("Normal", "ReleaseByOutOfServiceTaint"),
+    Release.TAINT_BLOCKED: ("Warning", "OutOfServiceTaintBlocked"),
+    Release.WAIT_FOR_DETACH: ("Normal", "WaitingForDetach"),
+    Release.EXTERNAL: ("Normal", "WaitingForOutOfServiceTaint"),
+}
+
+
+def taint_mark(namespace: str, name: str) -> str:
+    """How a pipeline marks the out-of-service taints it relies on (node annotation)."""
+    return f"{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class PipelineObservation:
+    """What one pass read of a pipeline and the cluster around it."""
+
+    spec: PipelineSpec
+    generation: int
+    previous: Mapping[str, Any]  # the status as read at the pass's start
+    claims: Mapping[str, Obj]  # PVC name -> PVC
+    pods: Mapping[int, tuple[PodView, ...]]  # partition -> its worker pods
+    leases: Mapping[str, LeaseView]  # Lease name -> view
+    nodes: Mapping[str, NodeView]
+    attachments: Sequence[Obj]  # VolumeAttachments
+    topic: TopicCheck
+
+    def previous_partition(self, p: int) -> Mapping[str, Any]:
+        for entry in self.previous.get("partitions") or []:
+            if int(entry["partition"]) == p:
+                return entry  # type: ignore[no-any-return]
+        return {}
+
+    def volume_name(self, p: int) -> str | None:
+        claim = self.claims.get(names.volume_claim(self.spec.name, p)) or {}
+        return (claim.get("spec") or {}).get("volumeName")
+
+
+@dataclass(frozen=True)
+class PartitionStep:
+    """One partition's part of the plan: its action (None: nothing to carry out, e.g. a
+    pod that cannot start before the input topic exists) and the Events that go with the
+    decision whatever the action's outcome."""
+
+    partition: int
+    decision: Decision
+    action: Action | None
+    events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[PartitionStep, ...]
+    partitions: Mapping[int, PartitionStatus]
+    # persisted before any action, when not None
+    record: Mapping[str, Any] | None
+    set_finalizer: bool  # the taint finalizer goes on before anything is tainted
+    tainted: tuple[str, ...]  # status.taintedNodes once the record is written
+    to_taint: frozenset[str]  # lost nodes this pipeline taints
+    to_join: frozenset[str]  # lost nodes already tainted by others that we mark too
+    lift: tuple[str, ...]  # our taints to remove (the node is back, none of our volumes)
+    forget: tuple[str, ...]  # tainted nodes gone or untainted by someone: off our list
+    failovers: int  # status.failovers after the completions in this plan
+
+    def decisions(self) -> dict[int, Decision]:
+        return {s.partition: s.decision for s in self.steps}
+
+
+def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
+    spec = obs.spec
+    us = taint_mark(spec.namespace, spec.name)
+    policy = spec.failover.policy()
+    decisions = _decide_partitions(obs, policy, now)
+
+    parts = {
+        p: _partition_status(p, list(obs.pods.get(p, ())), d, obs.previous_partition(p))
+        for p, d in decisions.items()
+    }
+    for p, d in decisions.items():
+        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
+            parts[p] = replace(
+                parts[p],
+                last_handover={**d.action.handover.to_status(), "toPod": d.action.pod},
+                last_failover=rfc3339(now),
+            )
+    changed = any(
+        _handover_status(d) != (obs.previous_partition(p).get("handover") or None)
+        for p, d in decisions.items()
+    )
+
+    tainted = list(obs.previous.get("taintedNodes") or [])
+    to_taint = frozenset(
+        d.action.node for d in decisions.values() if isinstance(d.action, TaintOutOfService)
+    )
+    to_join = frozenset(
+        d.handover.from_node
+        for d in decisions.values()
+        if d.handover is not None
+        and d.handover.from_node
+        and join_out_of_service_taint(obs.nodes.get(d.handover.from_node), us, d.handover)
+    )
+    marking = sorted(n for n in to_taint | to_join if n not in tainted)
+    tainted += marking
+    record = None
+    if changed or marking:
+        record = {"partitions": [s.to_status() for s in parts.values()], "taintedNodes": tainted}
+
+    steps = []
+    failovers = int(obs.previous.get("failovers") or 0)
+    for p, d in decisions.items():
+        action: Action | None = d.action
+        if isinstance(action, CreatePod) and not _startable(obs.topic, p):
+            parts[p] = replace(parts[p], waiting_for=f"input topic ({obs.topic.reason})")
+            action = None
+        if (
+            isinstance(action, CompleteHandover)
+            and action.handover.reason != HandoverReason.SPEC_CHANGED
+        ):
+            failovers += 1  # a roll is not a failover
+        steps.append(PartitionStep(p, d, action, _events(p, d, obs.previous_partition(p))))
+
+    lift, forget = [], []
+    for node_name in tainted:
+        if node_name in to_taint | to_join:
+            continue  # marked in this pass, after the nodes were read
+        node = obs.nodes.get(node_name)
+        if node is None or us not in node.tainted_by:
+            forget.append(node_name)  # gone, or untainted by someone: not ours to lift
+        elif remove_out_of_service_taint(node, _our_attachments(obs, node_name), us):
+            lift.append(node_name)
+    return Plan(
+        steps=tuple(steps),
+        partitions=parts,
+        record=record,
+        set_finalizer=bool(to_taint | to_join),
+        tainted=tuple(tainted),
+        to_taint=to_taint,
+        to_join=to_join,
+        lift=tuple(lift),
+        forget=tuple(forget),
+        failovers=failovers,
+    )
+
+
+def _decide_partitions(
+    obs: PipelineObservation, policy: FailoverPolicy, now: datetime
+) -> dict[int, Decision]:
+    """Every partition's decision; at most one partition starts a roll per pass, and
+    none while any partition is not Ready or is handing over."""
+    spec = obs.spec
+    any_handover = any(obs.previous_partition(p).get("handover") for p in range(spec.partitions))
+    all_ready = all(
+        any(v.ready and v.phase == "Running" and not v.deleting for v in obs.pods.get(p, ()))
+        for p in range(spec.partitions)
+    )
+    may_roll = all_ready and not any_handover
+    decisions: dict[int, Decision] = {}
+    for p in range(spec.partitions):
+        prev = obs.previous_partition(p)
+        pv = obs.volume_name(p)
+        partition_obs = PartitionObservation(
+            partition=p,
+            pods=obs.pods.get(p, ()),
+            nodes=obs.nodes,
+            lease=obs.leases.get(names.lease(spec.name, p)),
+            attachments=attachments_of(obs.attachments, pv),
+            handover=Handover.from_status(prev["handover"]) if prev.get("handover") else None,
+            desired_hash=desired_partition.template_hash(spec, p),
+            may_roll=may_roll,
+        )
+        decision = partition_action(partition_obs, policy, now)
+        decisions[p] = decision
+        if isinstance(decision.action, BeginHandover):
+            may_roll = False  # one partition rolls at a time
+    return decisions
+
+
+def _startable(topic: TopicCheck, p: int) -> bool:
+    if topic.reason == "TopicMissing":
+        return False
+    return topic.partitions is None or p < topic.partitions
+
+
+def _our_attachments(obs: PipelineObservation, node_name: str) -> int:
+    """How many of this pipeline's volumes are attached to the node."""
+    ours = {
+        (c.get("spec") or {}).get("volumeName")
+        for c in obs.claims.values()
+        if (c.get("spec") or {}).get("volumeName")
+    }
+    return sum(
+        1
+        for va in obs.attachments
+        if (va.get("spec") or {}).get("nodeName") == node_name
+        and ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName") in ours
+    )
+
+
+def _events(p: int, d: Decision, previous: Mapping[str, Any]) -> tuple[Event, ...]:
+    """The Events a decision is told by, whatever its action's outcome: a handover
+    begun, completed or cancelled, newly Degraded, or released a new way."""
+    events: list[Event] = []
+    action = d.action
+    if isinstance(action, BeginHandover):
+        h = action.handover
+        rolling = h.reason == HandoverReason.SPEC_CHANGED
+        events.append(
+            (
+                "Normal" if rolling else "Warning",
+                "RollStarted" if rolling else "FailoverStarted",
+                f"partition {p}: {h.reason.value}: moving from {h.from_pod or '-'} on "
+                f"{h.from_node or '-'} (epoch {h.from_epoch})",
+            )
+        )
+    elif isinstance(action, CompleteHandover):
+        h = action.handover
+        rolling = h.reason == HandoverReason.SPEC_CHANGED
+        steps = ", ".join(f"{k} {v:.1f}s" for k, v in h.steps.items())
+        events.append(
+            (
+                "Normal",
+                "RollCompleted" if rolling else "FailoverCompleted",
+                f"partition {p}: {action.pod} is Ready after "
+                f"{h.steps.get('ready', 0.0):.1f}s ({steps})",
+            )
+        )
+    elif isinstance(action, CancelHandover):
+        events.append(("Normal", "FailoverCancelled", f"partition {p}: {action.why}"))
+    if d.degraded and not (previous.get("waitingFor") or "").startswith("DEGRADED"):
+        events.append(("Warning", d.degraded_reason or "Degraded", d.degraded))
+    h_now = d.handover
+    h_was = previous.get("handover") or {}
+    if (
+        h_now is not None
+        and h_now.release is not None
+        and (h_was.get("release"), h_was.get("releaseWhy"))
+        != (h_now.release.value, h_now.release_why)
+    ):
+        type_, reason = RELEASE_EVENTS[h_now.release]
+        events.append((type_, reason, f"partition {p}: {h_now.release_why}"))
+    return tuple(events)
+
+
+def _handover_status(decision: Decision) -> dict[str, Any] | None:
+    return decision.handover.to_status() if decision.handover else None
+
+
+def _partition_status(
+    p: int, pods: list[PodView], decision: Decision, previous: Mapping[str, Any]
+) -> PartitionStatus:
+    current = max((v for v in pods if not v.deleting), key=lambda v: v.epoch, default=None)
+    if current is None:
+        current = max(pods, key=lambda v: v.epoch, default=None)
+    action = decision.action
+    waiting = None
+    if isinstance(action, Steady):
+        waiting = action.waiting_for
+    if decision.degraded:
+        waiting = f"DEGRADED: {decision.degraded}"
+    ready = bool(
+        current is not None
+        and current.ready
+        and current.phase == "Running"
+        and not current.deleting
+        and decision.handover is None
+    )
+    return PartitionStatus(
+        partition=p,
+        pod=current.name if current else None,
+        node=current.node if current else None,
+        epoch=current.epoch if current else 0,
+        phase=("FailingOver" if decision.handover else (current.phase if current else "Missing")),
+        ready=ready,
+        waiting_for=waiting,
+        handover=_handover_status(decision),
+        last_handover=previous.get("lastHandover"),
+        last_failover=previous.get("lastFailover"),
+    )
+
+
+@dataclass(frozen=True)
+class WorkerCounters:
+    """One partition's counters from its worker's /metrics."""
+
+    duplicates: int
+    records_in: int
+    records_out: int
+    lag: int
+
+
+def pipeline_status(
+    obs: PipelineObservation,
+    plan: Plan,
+    counters: Mapping[int, WorkerCounters],
+    tainted: Sequence[str],
+    last_audit: Mapping[str, Any] | None,
+    audit_condition: Condition | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status this pass writes: the plan's partitions with their workers' counters,
+    the summary conditions and phase, and the audit's last result."""
+    spec = obs.spec
+    parts = dict(plan.partitions)
+    for p, c in counters.items():
+        parts[p] = replace(parts[p], lag=c.lag, duplicates=c.duplicates)
+    entries = [parts[p] for p in range(spec.partitions)]
+    degraded = [d.degraded for d in plan.decisions().values() if d.degraded]
+    if not obs.topic.ok and obs.topic.reason != "KafkaUnreachable":
+        degraded.append(obs.topic.message)
+    spec_current = all(
+        v.spec_hash == desired_partition.template_hash(spec, p)
+        for p in range(spec.partitions)
+        for v in obs.pods.get(p, ())
+        if not v.deleting
+    )
+    topic_condition = Condition("TopicReady", obs.topic.ok, obs.topic.reason, obs.topic.message)
+    conditions = summary_conditions(
+        entries, spec.partitions, topic_condition, degraded, spec_current
+    )
+    if audit_condition is not None:
+        conditions.append(audit_condition)
+    status: dict[str, Any] = {
+        "phase": phase_of(entries, bool(degraded), obs.previous.get("phase")),
+        "observedGeneration": obs.generation,
+        "readyPartitions": sum(1 for e in entries if e.ready),
+        "duplicatesDropped": sum(c.duplicates for c in counters.values()),
+        "recordsIn": sum(c.records_in for c in counters.values()),
+        "recordsOut": sum(c.records_out for c in counters.values()),
+        "consumerLag": sum(c.lag for c in counters.values()),
+        "failovers": plan.failovers,
+        "taintedNodes": list(tainted),
+        "conditions": merge_conditions(
+            obs.previous.get("conditions") or [], conditions, obs.generation, now
+        ),
+        "partitions": [e.to_status() for e in entries],
+    }
+    if last_audit:
+        status["lastReconciliation"] = dict(last_audit)
+    return status
