@@ -199,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER
-    handlers.RUNTIME.kube = Kube(api)  # type: ignore[arg-type]
+    kube = Kube(api)  # type: ignore[arg-type]
+    kube.watch_cluster()  # Nodes, node Leases, VolumeAttachments: watched, not listed per pass
+    handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
     if not args.no_leader_election:
         import socket

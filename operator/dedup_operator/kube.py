@@ -22,6 +22,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from dedup_operator import names
+from dedup_operator.cache import WatchedKind
 from dedup_operator.desired.audit import (
     SCHEDULED_APP_LABEL,
     SCHEDULED_SPARK_APPLICATIONS,
@@ -77,6 +78,39 @@ class Kube:
         self._crds: dict[str, tuple[float, bool]] = {}  # name -> (monotonic time, found)
         self._node_leases_denied_until = 0.0  # monotonic: node Leases refused until then
         self._acting = threading.local()  # per thread: the leadership check of its pass
+        # Nodes, node Leases, VolumeAttachments followed by watches once `watch_cluster()`
+        # ran (dedup_operator.cache); each read falls back to a list while one is not synced.
+        self._watched: dict[str, WatchedKind] = {}
+
+    def watch_cluster(self, wait_s: float = 10.0) -> None:
+        """Follow Nodes, node Leases and VolumeAttachments by watch from now on, so that a
+        pass reads them from memory (its requests do not grow with the cluster)."""
+        if self._watched:
+            return
+        self._watched = {
+            "nodes": WatchedKind("nodes", self.core.list_node),
+            "node-leases": WatchedKind(
+                f"leases in {NODE_LEASE_NAMESPACE}",
+                self.coordination.list_namespaced_lease,
+                NODE_LEASE_NAMESPACE,
+            ),
+            "volumeattachments": WatchedKind(
+                "volumeattachments", self.storage.list_volume_attachment
+            ),
+        }
+        for kind in self._watched.values():
+            kind.start()
+        for kind in self._watched.values():
+            kind.wait_synced(wait_s)
+
+    def stop_watching(self) -> None:
+        for kind in self._watched.values():
+            kind.stop()
+        self._watched = {}
+
+    def _cached(self, kind: str) -> dict[str, Obj] | None:
+        watched = self._watched.get(kind)
+        return watched.items() if watched is not None else None
 
     @contextlib.contextmanager
     def acting(self, may_act: Callable[[], bool]) -> Iterator[None]:
@@ -330,12 +364,18 @@ class Kube:
         return {o["metadata"]["name"]: o for o in (self._json(pvc) for pvc in found.items)}
 
     def nodes(self) -> list[Obj]:
+        cached = self._cached("nodes")
+        if cached is not None:
+            return list(cached.values())
         return [self._json(n) for n in self.core.list_node().items]
 
     def node_leases(self) -> dict[str, Obj] | None:
         """The nodes' heartbeats: their Leases in kube-node-lease, by node name. None when
         they cannot be read (no RBAC for them: nodes are then judged by their Ready
         condition); after a refusal, asked again only every 5 minutes."""
+        cached = self._cached("node-leases")
+        if cached is not None:
+            return cached
         if time.monotonic() < self._node_leases_denied_until:
             return None
         try:
@@ -371,6 +411,9 @@ class Kube:
         return True
 
     def volume_attachments(self) -> list[Obj]:
+        cached = self._cached("volumeattachments")
+        if cached is not None:
+            return list(cached.values())
         return [self._json(va) for va in self.storage.list_volume_attachment().items]
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:

@@ -207,6 +207,7 @@ def test_rbac_by_scope() -> None:
     assert rules_of(roles["analytics", "dedup-operator"]) == NAMESPACED_ROWS
     assert rules_of(roles["kube-node-lease", "dedup-operator-node-leases"]) == {
         ("coordination.k8s.io", "leases", "", "list"),
+        ("coordination.k8s.io", "leases", "", "watch"),
     }
     assert rules_of(roles["dedup-system", "dedup-operator-leader-election"]) == {
         ("coordination.k8s.io", "leases", "", "create"),

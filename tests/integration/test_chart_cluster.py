@@ -281,6 +281,7 @@ def test_rbac_namespaced_scope_under_auth_can_i(
                 ("get", "leases.coordination.k8s.io/other", "", kube_namespace.name, False),
                 # the nodes' heartbeats, read only
                 ("list", "leases.coordination.k8s.io", "", "kube-node-lease", True),
+                ("watch", "leases.coordination.k8s.io", "", "kube-node-lease", True),
                 ("update", "leases.coordination.k8s.io", "", "kube-node-lease", False),
                 ("get", "secrets", "", kube_namespace.name, False),
                 # nothing cluster-wide but listing pods

@@ -52,11 +52,11 @@ SPARK_CRD: Final = "scheduledsparkapplications.sparkoperator.k8s.io"
 
 # (apiGroup, resource, resourceName, verbs, why), cluster-scoped, in both scopes
 CLUSTER: Final = (
-    ("", "nodes", "", ("get", "list", "patch"),
-     "nodes (observe), taint_out_of_service / remove_out_of_service (read, then a "
+    ("", "nodes", "", ("get", "list", "watch", "patch"),
+     "nodes (observe: watched, cache.py), taint_out_of_service / remove_out_of_service (read, then a "
      "compare-and-set patch)"),
-    ("storage.k8s.io", "volumeattachments", "", ("list",),
-     "volume_attachments: no replacement while the old volume is attached"),
+    ("storage.k8s.io", "volumeattachments", "", ("list", "watch"),
+     "volume_attachments (watched): no replacement while the old volume is attached"),
     ("apiextensions.k8s.io", "customresourcedefinitions", SPARK_CRD, ("get",),
      "has_crd: ScheduledSparkApplication or CronJob"),
 )  # fmt: skip

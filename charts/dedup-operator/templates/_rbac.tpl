@@ -75,15 +75,16 @@ creator does not hold (escalation prevention), and the operator holds no escalat
 
 {{/* Cluster-scoped things, needed in either scope. */}}
 {{- define "dedup-operator.clusterRules" -}}
-# observe: every pass reads the nodes; failover taints a lost node out-of-service and
-# lifts its own taint (read, then a compare-and-set patch)
+# observe: the nodes, followed by a watch (cache.py; a list while it is not synced);
+# failover taints a lost node out-of-service and lifts its own taint (read, then a
+# compare-and-set patch)
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, patch]
-# observe: never start a replacement while the old volume is attached
+  verbs: [get, list, watch, patch]
+# observe: never start a replacement while the old volume is attached (watched)
 - apiGroups: [storage.k8s.io]
   resources: [volumeattachments]
-  verbs: [list]
+  verbs: [list, watch]
 # kube.has_crd: is the Spark operator installed (ScheduledSparkApplication or CronJob)
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
