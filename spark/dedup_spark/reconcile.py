@@ -8,6 +8,11 @@ totals and the counts per partition) to `--report-dir`, and the summary into the
 `<pipeline>-reconciliation` (`--configmap`), which the operator reads into the
 pipeline's status.
 
+Records deleted by retention before the audit read them are reported as `unverifiable`
+(counted, and named by offset in the findings): the audit learns each partition's log
+start offsets and oldest retained records first (`input_state`). `--unverifiable fail`
+(the default) fails an audit with any; `warn` passes it with a warning.
+
 Exit codes: 0 the audit passed, 1 it failed (the summary says what), 2 it could not run
 (bad arguments, Kafka, Spark or the API server refusing) -- one log line says why.
 """
@@ -89,6 +94,7 @@ class AuditJob:
     consumer_group: str | None  # None: audit all input, committed or not
     configmap: str | None = None
     kubeconfig: str | None = None
+    fail_on_unverifiable: bool = True
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
@@ -104,11 +110,14 @@ class AuditJob:
 
 @dataclass(frozen=True)
 class InputState:
-    """What the audit learns of the input topic before it starts: its partition count
-    and the pipeline's committed offset per partition (empty without a consumer group)."""
+    """What the audit learns of the topics before it starts: the input's partition count,
+    the pipeline's committed offset per partition (empty without a consumer group), and
+    what retention left of each input and output partition (none listed: nothing
+    deleted)."""
 
     partitions: int
     committed: dict[int, int] = field(default_factory=dict)
+    retention: dict[int, audit.Retention] = field(default_factory=dict)
 
 
 def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
@@ -124,7 +133,7 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
         job.id_spec,
     ).withColumn("kind", F.lit(INPUT))
     outputs = packed_ids(
-        read_topic(spark, job.kafka, job.output_topic, since_ms=since), job.id_spec
+        read_topic(spark, job.kafka, job.output_topic, since_ms=since), job.id_spec, published=True
     ).withColumn("kind", F.lit(OUTPUT))
     frames = [inputs, outputs]
     if job.dead_letter_topic:
@@ -154,7 +163,12 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
         union = union.unionByName(frame)
 
     settings = _PartitionAudit(
-        job.audit_range, job.window_ms, job.slack_ms, state.committed, job.consumer_group
+        job.audit_range,
+        job.window_ms,
+        job.slack_ms,
+        state.committed,
+        job.consumer_group,
+        state.retention,
     )
 
     def audit_group(table: pa.Table) -> pa.Table:  # Spark counts a callable object's `self`
@@ -184,6 +198,7 @@ class _PartitionAudit:
     slack_ms: int
     committed: dict[int, int]
     consumer_group: str | None
+    retention: dict[int, audit.Retention] = field(default_factory=dict)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`table`: one partition's packed rows (source.PACKED_SCHEMA) with their `kind`."""
@@ -211,6 +226,7 @@ class _PartitionAudit:
             window_ms=self.window_ms,
             slack_ms=self.slack_ms,
             committed_offset=committed,
+            retention=self.retention.get(partition),
         )
         rows = [
             {
@@ -290,7 +306,8 @@ def summarize(
         "runId": job.run_id,
         "startedAt": _rfc3339(started),
         "finishedAt": _rfc3339(finished),
-        "passed": audit.passed(totals),
+        "passed": audit.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
+        "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
         "range": {
             "from": None if rng.from_ms is None else _rfc3339(_from_ms(rng.from_ms)),
             "to": None if rng.to_ms is None else _rfc3339(_from_ms(rng.to_ms)),
@@ -352,15 +369,73 @@ def input_state(job: AuditJob) -> InputState:
                 f"topic(s) {', '.join(absent)} not found at {job.kafka.bootstrap_servers}"
             )
         partitions = sorted(meta.topics[job.input_topic].partitions)
+        retention = _retention(consumer, job, partitions)
         if job.consumer_group is None:
-            return InputState(len(partitions))
+            return InputState(len(partitions), retention=retention)
         wanted = [TopicPartition(job.input_topic, p) for p in partitions]
         got = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
         raise JobError(f"Kafka at {job.kafka.bootstrap_servers}: {exc.args[0]}") from None
     finally:
         consumer.close()
-    return InputState(len(partitions), {tp.partition: max(0, tp.offset) for tp in got})
+    return InputState(len(partitions), {tp.partition: max(0, tp.offset) for tp in got}, retention)
+
+
+def _retention(
+    consumer: Any, job: AuditJob, partitions: Sequence[int]
+) -> dict[int, audit.Retention]:
+    """Per partition whose input or output lost records to retention (log start offset
+    above 0): the log start offsets and the timestamps of the oldest retained records."""
+    from confluent_kafka import TopicPartition
+
+    out: dict[int, audit.Retention] = {}
+    for p in partitions:
+        starts: dict[str, tuple[int, int | None]] = {}
+        for topic in (job.input_topic, job.output_topic):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S
+            )
+            first = _first_record_ms(job, topic, p, low, high) if low > 0 else None
+            starts[topic] = (max(0, low), first)
+        (in_start, in_first), (out_start, out_first) = (
+            starts[job.input_topic],
+            starts[job.output_topic],
+        )
+        if in_start or out_start:
+            out[p] = audit.Retention(in_start, in_first, out_start, out_first)
+    return out
+
+
+def _first_record_ms(job: AuditJob, topic: str, partition: int, low: int, high: int) -> int | None:
+    """The timestamp of the oldest committed record still in a partition (None: none)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    if high <= low:
+        return None
+    consumer = Consumer(
+        {
+            "bootstrap.servers": job.kafka.bootstrap_servers,
+            **job.kafka.settings,
+            "group.id": f"dedup-reconcile-{job.run_id}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "logger": logging.getLogger("librdkafka"),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, low)])
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                return None  # the end: nothing committed is retained
+            return int(msg.timestamp()[1])
+        raise JobError(f"no record of {topic}[{partition}] read in {METADATA_TIMEOUT_S} s")
+    finally:
+        consumer.close()
 
 
 def write_findings(spark: SparkSession, findings: DataFrame, path: str) -> None:
@@ -458,8 +533,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Audit a pipeline end to end: read its input, output and dead-letter topics "
             "(read committed) with Spark and report, per partition, ids published twice "
-            "within the window, valid input ids never published, output ids with no input, "
-            "output out of input order, and the counts."
+            "within the window, valid input occurrences neither published nor repeats of an "
+            "earlier publication within the window, output ids with no input, output out of "
+            "input order, output whose key, value or headers differ from its input, what "
+            "retention deleted before it could be checked, and the counts."
         ),
         epilog=(
             "Kafka client settings (security) come from --kafka-config or env "
@@ -498,6 +575,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-input",
         action="store_true",
         help="check all input in range, committed by the pipeline or not",
+    )
+    p.add_argument(
+        "--unverifiable",
+        choices=["fail", "warn"],
+        default="fail",
+        help="what records deleted by retention before the audit read them do: fail the "
+        "audit, or pass it with a warning (they are counted and named either way)",
     )
     p.add_argument("--report-dir", required=True, help="directory or URL for the report")
     p.add_argument(
@@ -555,6 +639,7 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         if args.configmap is None
         else args.configmap or names.reconciliation_result(args.pipeline),
         kubeconfig=args.kubeconfig,
+        fail_on_unverifiable=args.unverifiable == "fail",
     )
 
 
@@ -638,6 +723,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark.stop()
     totals = summary["totals"]
     code = EXIT_PASSED if summary["passed"] else EXIT_FAILED
+    if totals.get("unverifiable"):
+        log.warning(
+            "%d input record(s) could not be verified: deleted by retention before the audit "
+            "read them (findings of kind 'unverifiable' name them)",
+            totals["unverifiable"],
+            extra={"unverifiable": totals["unverifiable"], "policy": summary["unverifiable"]},
+        )
     log.info(
         "audit %s", "passed" if summary["passed"] else "FAILED", extra={"exit_code": code, **totals}
     )

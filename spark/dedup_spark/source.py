@@ -5,17 +5,20 @@ committed (aborted transactions and markers are skipped), headers included, and 
 short `kafkaConsumer.pollTimeoutMs` (Spark's default of 120 s is what a batch of only
 transaction markers can wait). `with_ids` adds the id and the dead-letter reason of each
 record by calling `dedup_worker.ids.extract_id` in a `mapInArrow` UDF: the worker's own
-rules, imported, never re-implemented in SQL. `packed_ids` does the same and packs the
+rules, imported, never re-implemented in SQL; and a digest of the record's key, value and
+headers (`content_digest`), so the audit compares an output record's contents with its
+input occurrence's without moving the values. `packed_ids` does the same and packs the
 rows per partition and Arrow batch, for jobs that take a partition's rows together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import TYPE_CHECKING, Final
 
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id
+from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -144,7 +147,9 @@ def _offsets_json(topic: str, per_partition: Mapping[int, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(per_partition.items())}})
 
 
-IDS_SCHEMA: Final = "partition INT, offset BIGINT, timestamp_ms BIGINT, id STRING, reason STRING"
+IDS_SCHEMA: Final = (
+    "partition INT, offset BIGINT, timestamp_ms BIGINT, id STRING, reason STRING, digest BIGINT"
+)
 
 
 def ids_schema() -> pa.Schema:
@@ -158,24 +163,39 @@ def ids_schema() -> pa.Schema:
             ("timestamp_ms", pa.int64()),
             ("id", pa.string()),
             ("reason", pa.string()),
+            ("digest", pa.int64()),
         ]
     )
 
 
-def with_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
-    """(partition, offset, timestamp_ms, id, reason) per record: `id` under the pipeline's
-    rules, or null with the dead-letter `reason` code the worker would give."""
+def content_digest(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
+) -> int:
+    """64 bits of BLAKE2b over a record's key, value and headers (in order), each part
+    length-prefixed so that no two different records encode alike."""
+    parts = [b"-" if key is None else b"%d:%s" % (len(key), key)]
+    parts.append(b"-" if value is None else b"%d:%s" % (len(value), value))
+    for name, data in headers or ():
+        raw = name.encode()
+        parts.append(b"%d:%s" % (len(raw), raw))
+        parts.append(b"-" if data is None else b"%d:%s" % (len(data), data))
+    digest = blake2b(b"".join(parts), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def with_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> DataFrame:
+    """(partition, offset, timestamp_ms, id, reason, digest) per record: `id` under the
+    pipeline's rules, or null with the dead-letter `reason` code the worker would give;
+    `digest` of its contents (`published`: records of an output topic, whose last
+    `dedup.id` header, the worker's addition, is left out)."""
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from (extract_ids(batch, spec) for batch in batches)
+        yield from (extract_ids(batch, spec, published=published) for batch in batches)
 
-    return records.select(*_id_columns(spec)).mapInArrow(extract, IDS_SCHEMA)
+    return records.select(*_ID_COLUMNS).mapInArrow(extract, IDS_SCHEMA)
 
 
-def _id_columns(spec: IdSpec) -> list[str]:
-    wanted = ["partition", "offset", "timestamp_ms"]
-    wanted += ["headers"] if spec.source == "header" else ["key"] if spec.source == "key" else []
-    return wanted + (["value"] if spec.source == "jsonField" else [])
+_ID_COLUMNS: Final = ("partition", "offset", "timestamp_ms", "key", "value", "headers")
 
 
 PACKED_SCHEMA: Final = "partition INT, rows BINARY"
@@ -183,7 +203,7 @@ PACKED_SCHEMA: Final = "partition INT, rows BINARY"
 that partition's rows of the batch as an Arrow IPC stream (`unpack`)."""
 
 
-def packed_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
+def packed_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> DataFrame:
     """`with_ids`, packed (PACKED_SCHEMA). For a job that needs a partition's records
     together in one Python function: Spark then moves a few hundred binary rows instead
     of a row per record through the shuffle, its sort and the conversions between
@@ -191,9 +211,9 @@ def packed_ids(records: DataFrame, spec: IdSpec) -> DataFrame:
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield from pack_batch(extract_ids(batch, spec))
+            yield from pack_batch(extract_ids(batch, spec, published=published))
 
-    return records.select(*_id_columns(spec)).mapInArrow(extract, PACKED_SCHEMA)
+    return records.select(*_ID_COLUMNS).mapInArrow(extract, PACKED_SCHEMA)
 
 
 def packed(frame: DataFrame) -> DataFrame:
@@ -245,8 +265,10 @@ def unpack(rows: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
-    """One Arrow batch of Kafka rows -> the same rows' ids and reasons (runs in executors)."""
+def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False) -> pa.RecordBatch:
+    """One Arrow batch of Kafka rows -> the same rows' ids, reasons and content digests
+    (runs in executors). `published`: output records, digested without the last
+    `dedup.id` header (the worker appends it to the input's headers)."""
     import pyarrow as pa
 
     names = batch.schema.names
@@ -262,6 +284,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
         headers = [None] * size
     ids: list[str | None] = []
     reasons: list[str | None] = []
+    digests: list[int] = []
     for key, value, hs in zip(keys, values, headers, strict=True):
         try:
             ids.append(extract_id(spec, key, value, hs))
@@ -269,6 +292,8 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
         except InvalidRecord as invalid:
             ids.append(None)
             reasons.append(invalid.reason)
+        own = hs[:-1] if published and hs and hs[-1][0] == ID_HEADER else hs
+        digests.append(content_digest(key, value, own))
     return pa.RecordBatch.from_arrays(
         [
             batch.column(names.index("partition")),
@@ -276,6 +301,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
             batch.column(names.index("timestamp_ms")),
             pa.array(ids, pa.string()),
             pa.array(reasons, pa.string()),
+            pa.array(digests, pa.int64()),
         ],
         schema=ids_schema(),
     )

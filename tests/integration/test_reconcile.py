@@ -219,6 +219,104 @@ def test_a_clean_worker_run_passes_with_zeros(
     assert summary["deadLetteredByReason"] == {"not_json": 1, "not_object": 1}
 
 
+def test_a_lost_occurrence_hidden_by_a_later_publication_fails_the_audit(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Issue 18: `a` at t0 is published only in a transaction the test aborts (the output
+    never holds it for read_committed readers); `a` repeats 2 h later, beyond the 1 h
+    window, and that repeat is rightly published. The later publication must not account
+    for the lost occurrence: the audit fails and names input offset 0. And `b`'s output
+    carries a changed value: a content mismatch at its output offset."""
+    name = unique("auditlost")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 1)
+    base = int(time.time() * 1000) - 6 * HOUR
+    ids = [("a", base), ("b", base + 1000), ("c", base + 2000), ("a", base + 2 * HOUR)]
+    produce_records(
+        kafka,
+        f"{name}-in",
+        [Rec(0, ts, event(mid)) for mid, ts in ids],
+        transactional=False,
+    )
+
+    def out(mid: str, ts: int, value: bytes | None = None) -> Rec:
+        return Rec(0, ts, value or event(mid), [(ID_HEADER, mid.encode())])
+
+    producer = Producer(kafka.client_config(**{"transactional.id": f"t-{uuid.uuid4().hex}"}))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    lost = out("a", base)
+    producer.produce(
+        f"{name}-out", lost.value, None, 0, timestamp=lost.timestamp_ms, headers=lost.headers
+    )
+    assert producer.flush(30) == 0  # it reached the broker, inside the transaction
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for rec in (
+        out("b", base + 1000, event("b", 99)),  # the value changed on the way
+        out("c", base + 2000),
+        out("a", base + 2 * HOUR),
+    ):
+        producer.produce(
+            f"{name}-out", rec.value, None, 0, timestamp=rec.timestamp_ms, headers=rec.headers
+        )
+    producer.commit_transaction(30)
+
+    summary = reconcile.run(spark, job(name, kafka, tmp_path))
+
+    totals = summary["totals"]
+    assert summary["passed"] is False
+    assert (totals["missing"], totals["contentMismatches"], totals["duplicates"]) == (1, 1, 0)
+    assert totals["published"] == 3 and totals["unverifiable"] == 0
+    findings = pq.read_table(Path(summary["report"]) / "findings").to_pylist()
+    named = sorted((f["kind"], f["id"], f["offset"]) for f in findings)
+    # Output offsets: the aborted record and its abort marker took 0 and 1.
+    assert named == [("content_mismatch", "b", 2), ("missing", "a", 0)]
+
+
+def test_input_deleted_by_retention_is_reported_as_unverifiable(
+    spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """The first 4 of 10 input records are deleted (DeleteRecords, as retention does)
+    before the audit of offsets 0-10: it cannot verify them and says so, failing by
+    default and passing with a warning under `--unverifiable warn`."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    name = unique("auditret")
+    for suffix in ("in", "out", "dlq"):
+        kafka.create_topic(f"{name}-{suffix}", 1)
+    now = int(time.time() * 1000)
+    records = [Rec(0, now + i, event(f"id-{i}")) for i in range(10)]
+    produce_records(kafka, f"{name}-in", records, transactional=False)
+    produce_records(
+        kafka,
+        f"{name}-out",
+        [
+            Rec(0, r.timestamp_ms, r.value, [(ID_HEADER, f"id-{i}".encode())])
+            for i, r in enumerate(records)
+        ],
+    )
+    admin = AdminClient(kafka.client_config())
+    for future in admin.delete_records([TopicPartition(f"{name}-in", 0, 4)]).values():
+        future.result(60)
+
+    rng = AuditRange(offsets={0: (0, 10)})
+    strict = reconcile.run(spark, job(name, kafka, tmp_path, audit_range=rng))
+    assert strict["passed"] is False and strict["unverifiable"] == "fail"
+    assert strict["totals"]["unverifiable"] == 4 and strict["totals"]["missing"] == 0
+    assert strict["totals"]["input"] == 6
+    findings = pq.read_table(Path(strict["report"]) / "findings").to_pylist()
+    assert [(f["kind"], f["offset"], f["detail"]) for f in findings] == [
+        ("unverifiable", 0, "input offsets 0-3 deleted by retention")
+    ]
+    lenient = reconcile.run(
+        spark,
+        job(name, kafka, tmp_path, audit_range=rng, fail_on_unverifiable=False),
+    )
+    assert lenient["passed"] is True and lenient["totals"]["unverifiable"] == 4
+
+
 def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("dedup-reconcile")
     return subprocess.run(

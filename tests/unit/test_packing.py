@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dedup_spark.source import ids_schema, pack_batch, unpack
+from dedup_spark.source import content_digest, extract_ids, ids_schema, pack_batch, unpack
+from dedup_worker.ids import ID_HEADER, IdSpec
 
 
 def batch(partitions: list[int | None]) -> pa.RecordBatch:
@@ -17,6 +18,7 @@ def batch(partitions: list[int | None]) -> pa.RecordBatch:
             pa.array([1000 + i for i in range(n)], pa.int64()),
             pa.array([f"id-{i}" if i % 3 else None for i in range(n)], pa.string()),
             pa.array([None if i % 3 else "not_json" for i in range(n)], pa.string()),
+            pa.array([i * 7919 for i in range(n)], pa.int64()),
         ],
         schema=ids_schema(),
     )
@@ -48,3 +50,39 @@ def test_several_packed_rows_unpack_into_one_table_and_none_into_an_empty_one() 
     empty = unpack(pa.array([], pa.binary()), ids_schema())
     assert empty.num_rows == 0 and empty.schema == ids_schema()
     assert list(pack_batch(batch([]))) == []
+
+
+def test_the_content_digest_sees_key_value_and_headers_and_nothing_else() -> None:
+    base = content_digest(b"k", b"v", [("h", b"1")])
+    assert content_digest(b"k", b"v", [("h", b"1")]) == base
+    changed = [
+        content_digest(None, b"v", [("h", b"1")]),
+        content_digest(b"k", b"w", [("h", b"1")]),
+        content_digest(b"k", b"v", [("h", b"2")]),
+        content_digest(b"k", b"v", [("h", None)]),
+        content_digest(b"k", b"v", None),
+        content_digest(b"kv", b"", [("h", b"1")]),  # the boundary between parts counts
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_an_output_record_is_digested_without_the_workers_id_header() -> None:
+    value = b'{"messageId": "a"}'
+    kafka_rows = pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array([0], pa.int32()),
+            "offset": pa.array([5], pa.int64()),
+            "timestamp_ms": pa.array([1], pa.int64()),
+            "key": pa.array([None], pa.binary()),
+            "value": pa.array([value], pa.binary()),
+            "headers": pa.array(
+                [[{"key": "t", "value": b"1"}, {"key": ID_HEADER, "value": b"a"}]],
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+            ),
+        }
+    )
+    spec = IdSpec("jsonField", "messageId")
+    as_output = extract_ids(kafka_rows, spec, published=True)
+    assert as_output.column(5).to_pylist() == [content_digest(None, value, [("t", b"1")])]
+    as_input = extract_ids(kafka_rows, spec)
+    assert as_input.column(5).to_pylist() != as_output.column(5).to_pylist()
