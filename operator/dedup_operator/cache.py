@@ -69,6 +69,7 @@ class WatchedKind:
         self._items: dict[str, Obj] = {}
         self._synced = False
         self._heard = 0.0  # monotonic: the last list, event, bookmark or watch start
+        self._synced_since = 0.0  # monotonic: when the current unbroken view began
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lists = 0  # how many times the kind was listed (relists included)
@@ -80,6 +81,15 @@ class WatchedKind:
             if not self._synced or self._monotonic() - self._heard > STALE_S:
                 return None
             return dict(self._items)
+
+    def synced_since(self) -> float | None:
+        """When the current unbroken view began (the list after the last failure), on
+        the monotonic clock; None while not synced. Nothing that happened before it was
+        seen: a Lease's age is counted from it at most (`lease_clock.ContinuousView`)."""
+        with self._lock:
+            if not self._synced or self._monotonic() - self._heard > STALE_S:
+                return None
+            return self._synced_since
 
     # --------------------------------------------------------------- lifecycle
     def start(self) -> WatchedKind:
@@ -138,7 +148,10 @@ class WatchedKind:
         body = json.loads(response.data)
         items = {o["metadata"]["name"]: o for o in body.get("items") or []}
         with self._lock:
-            self._items, self._synced, self._heard = items, True, self._monotonic()
+            now = self._monotonic()
+            if not self._synced:
+                self._synced_since = now
+            self._items, self._synced, self._heard = items, True, now
             self.lists += 1
         return str(body["metadata"]["resourceVersion"])
 

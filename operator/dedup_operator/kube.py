@@ -394,6 +394,12 @@ class Kube:
             return None
         return {o["metadata"]["name"]: o for o in (self._json(lease) for lease in found.items)}
 
+    def heartbeats_watched_since(self) -> float | None:
+        """Since when (monotonic) the node Leases have been followed by an unbroken watch;
+        None when they are not watched or the watch is not synced."""
+        watched = self._watched.get("node-leases")
+        return watched.synced_since() if watched is not None else None
+
     def fence_lease(self, namespace: str, name: str, resource_version: str | None) -> bool:
         """Clear a run-out Lease's holder (epoch kept), only if it is still at
         `resource_version` (the version the operator saw unchanged for its duration).

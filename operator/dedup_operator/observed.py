@@ -53,14 +53,19 @@ def node_view(
     heartbeat: Obj | None = None,
     clock: LeaseClock | None = None,
     lost_after: timedelta | None = None,
+    watched_for: timedelta | None = None,
 ) -> NodeView:
     """`heartbeat`: the node's Lease in kube-node-lease (None: not read, the Ready
-    condition decides); `lost_after`: the policy's node_lost_after, for `heartbeat_stale`."""
+    condition decides); `lost_after`: the policy's node_lost_after, for `heartbeat_stale`;
+    `watched_for`: how long the operator's view of the heartbeats has been unbroken
+    (`lease_clock.ContinuousView`): no heartbeat is older than that."""
     status = node.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     taints = (node.get("spec") or {}).get("taints") or []
     by = (_meta(node).get("annotations") or {}).get(names.ANNOTATION_TAINT_BY) or ""
     age = None if heartbeat is None else lease_view(heartbeat, clock).unchanged_for
+    if age is not None and watched_for is not None:
+        age = min(age, watched_for)
     condition_age = None
     if heartbeat is None and clock is not None and ready is not None:
         # no heartbeat to read: the Ready condition's changes, on the operator's clock too

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dedup_operator import audit_result, metrics, names
@@ -70,7 +70,7 @@ from dedup_operator.plan import (
 from dedup_operator.spec import PipelineSpec, SpecError, quantity
 from dedup_operator.status import Condition, merge_conditions
 from dedup_worker import faults
-from dedup_worker.lease_clock import LeaseClock
+from dedup_worker.lease_clock import ContinuousView, LeaseClock
 
 log = logging.getLogger("dedup_operator.reconcile")
 
@@ -105,6 +105,12 @@ _memories_lock = threading.Lock()
 # A restarted operator starts empty, so every held Lease is fresh at first sight: it waits
 # a full duration (nodeLostAfter for a node) before acting on one. Safe, and that slow.
 _lease_clock = LeaseClock()
+# Since when this process has seen the node heartbeats without a gap: a heartbeat is
+# never older than that (after a control-plane outage no node is to blame for the
+# renewals nobody could write). Without a watch, reads more than HEARTBEAT_GAP_S apart
+# break the view.
+HEARTBEAT_GAP_S = 15.0
+_heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
 
 
 def _memory(namespace: str, name: str) -> _Memory:
@@ -288,6 +294,11 @@ def _observe(
 
     raw_leases = kube.leases(namespace, name)
     heartbeats = kube.node_leases()  # None: unreadable, the Ready condition decides
+    watched_for = None
+    if heartbeats is not None:
+        watched_for = timedelta(
+            seconds=_heartbeat_view.looked(since=kube.heartbeats_watched_since())
+        )
     lost_after = spec.failover.node_lost_after
     nodes = {
         n.name: n
@@ -297,6 +308,7 @@ def _observe(
                 None if heartbeats is None else heartbeats.get(o["metadata"]["name"]),
                 _lease_clock,
                 lost_after,
+                watched_for,
             )
             for o in kube.nodes()
         )

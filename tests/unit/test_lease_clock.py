@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dedup_worker import lease_clock
-from dedup_worker.lease_clock import LeaseClock, LeaseStamp
+from dedup_worker.lease_clock import ContinuousView, LeaseClock, LeaseStamp
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -91,3 +91,56 @@ def test_injected_skew_shifts_the_written_wall_clock(monkeypatch: pytest.MonkeyP
     assert abs((datetime.now(UTC) - shifted).total_seconds() - 30) < 1
     monkeypatch.delenv(lease_clock.SKEW_ENV)
     assert lease_clock.clock_skew_s() == 0.0
+
+
+def test_a_view_unbroken_by_reads_close_enough_grows_and_a_gap_restarts_it() -> None:
+    clock = Mono()
+    view = ContinuousView(gap_s=15.0, monotonic=clock)
+    assert view.looked() == 0.0
+    for _ in range(4):
+        clock.t += 10.0
+        view.looked()
+    assert view.looked() == 40.0
+    clock.t += 30.0  # the API server down: no read for longer than the gap
+    assert view.looked() == 0.0, "a heartbeat is never older than the view"
+    clock.t += 5.0
+    assert view.looked() == 5.0
+
+
+def test_a_failed_read_breaks_the_view_and_a_watch_says_since_when_it_saw() -> None:
+    clock = Mono()
+    view = ContinuousView(gap_s=15.0, monotonic=clock)
+    view.looked()
+    clock.t += 10.0
+    assert view.looked(ok=False) == 0.0
+    clock.t += 1.0
+    assert view.looked() == 0.0
+    # a watch resynced at t=1005: reads far apart do not break it
+    clock.t = 1100.0
+    assert view.looked(since=1005.0) == 95.0
+    clock.t += 60.0
+    assert view.looked(since=1005.0) == 155.0
+
+
+def test_no_node_heartbeat_is_older_than_the_operators_view_of_it() -> None:
+    from dedup_operator.observed import node_view
+
+    mono = Mono()
+    clock = LeaseClock(mono)
+    heartbeat = {
+        "metadata": {"name": "n1", "namespace": "kube-node-lease", "resourceVersion": "7"},
+        "spec": {"holderIdentity": "n1", "leaseDurationSeconds": 40,
+                 "renewTime": "2026-11-23T12:00:00.000000Z"},
+    }  # fmt: skip
+    node = {
+        "metadata": {"name": "n1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    node_view(node, heartbeat, clock, timedelta(seconds=20))
+    mono.t += 60.0
+    stale = node_view(node, heartbeat, clock, timedelta(seconds=20))
+    assert stale.heartbeat_stale and stale.heartbeat_age == timedelta(seconds=60)
+    fresh_view = node_view(
+        node, heartbeat, clock, timedelta(seconds=20), watched_for=timedelta(seconds=3)
+    )
+    assert not fresh_view.heartbeat_stale and fresh_view.heartbeat_age == timedelta(seconds=3)

@@ -129,6 +129,44 @@ class LeaseClock:
             self._seen.pop(key, None)
 
 
+class ContinuousView:
+    """Since when a reader has been looking at a set of Leases without a gap.
+
+    A Lease seen unchanged across a time the reader could not look — the API server
+    down, the reader's watch broken — was not necessarily left unrenewed by its holder:
+    nobody could write it. So an unchanged Lease's age counts only from the start of the
+    reader's current unbroken view (`unchanged_for = min(LeaseClock age, view age)`),
+    as the node lifecycle controller resets every node's probe time when it leaves
+    full-disruption mode. `looked(now, ok)` is called on each read: `ok=False` (or a
+    read more than `gap_s` after the last) breaks the view, and the next good read
+    starts a new one.
+    """
+
+    def __init__(self, gap_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._gap_s = gap_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._last: float | None = None
+
+    def looked(self, ok: bool = True, since: float | None = None) -> float:
+        """Record a read; returns for how many seconds the view has been unbroken (0 on a
+        failed read and at the first good one after a gap). `since`: the reader follows
+        the Leases by a watch, unbroken since then (same monotonic clock); the gap between
+        reads then does not matter."""
+        now = self._monotonic()
+        with self._lock:
+            if not ok:
+                self._since = self._last = None
+                return 0.0
+            if since is not None:
+                self._since = since
+            elif self._since is None or self._last is None or now - self._last > self._gap_s:
+                self._since = now
+            self._last = now
+            return max(0.0, now - self._since)
+
+
 def clock_skew_s() -> float:
     """The injected wall-clock skew (tests only; 0 unless `DEDUP_FAULT_CLOCK_SKEW_S`)."""
     raw = os.environ.get(SKEW_ENV, "").strip()
