@@ -5,13 +5,24 @@ offset ranges, or all) or of Parquet files (columns `partition INT, offset BIGIN
 timestamp_ms BIGINT, key BINARY, value BINARY, headers ARRAY<STRUCT<key STRING, value
 BINARY>>`), deduplicated with the worker's semantics (`first_occurrences`):
 
-* the id of each record under `dedup_worker.ids` (imported); a record without a valid
-  id becomes a dead letter with the worker's reason and headers;
-* per partition, in offset order, the first occurrence of an id is published; a repeat
-  is dropped while the id's last publication is less than a window older (record
-  timestamps), and published again after that;
+* the records of a partition, in offset order, are cut into batches of `--batch-size`
+  (default 1) and each batch decided as the worker decides one
+  (`dedup_worker.batch.triage`, imported): a record without a valid id becomes a dead
+  letter with the worker's reason and headers; a repeat inside the batch is dropped;
+  an id the window holds is dropped; the rest is published;
+* the window is the worker's own (`dedup_worker.window.WindowState`, the rules of
+  `dedup_worker.window`, kept as the store keeps them): after each batch, the new ids
+  are recorded at the newest timestamp seen so far (generations between W and
+  1.25 W) and expired, oldest generation first, by duration and by `--window-max-keys`;
 * a published record keeps its key, value, headers and timestamp, gains the `dedup.id`
   header, and goes to the same partition number, as the worker's output does.
+
+The one difference from a running worker: its batches are what each poll returned (up
+to its `batchSize`), the backfill's are fixed. Where the window expires inside the data,
+a repeat of an id close to its expiry (between W and 1.25 W after it was recorded, or
+when a `maxKeys` drop falls between two batches differently) can then be decided
+differently. With the same batches (a worker with `batchSize: 1`, or any batching
+while nothing expires) the two agree record for record (tests/integration/test_backfill.py).
 
 Output goes to a topic, each partition in one Kafka transaction written from the
 executor that computed it (read_committed readers see a partition all or nothing;
@@ -44,12 +55,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from dedup_spark.source import KafkaSource, SourceError, parse_settings, read_topic, with_header
-from dedup_worker.batch import Headers, dead_letter_headers
+from dedup_worker.batch import Headers, Record, dead_letter_headers, triage
 from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, InvalidRecord, extract_id, id_key
+from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, id_key
 from dedup_worker.logs import configure
-from dedup_worker.store import Store, StoreError, StoreOwner
-from dedup_worker.window import WindowPolicy, parse_duration_ms
+from dedup_worker.store import Store, StoreConfig, StoreError, StoreOwner
+from dedup_worker.window import WindowPolicy, WindowState
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -93,25 +104,48 @@ class Rejected(NamedTuple):
 
 
 def first_occurrences(
-    records: Iterable[SourceRecord], spec: IdSpec, window_ms: int | None
+    records: Iterable[SourceRecord],
+    spec: IdSpec,
+    window: WindowPolicy | None,
+    *,
+    batch_size: int = 1,
+    generations: int = StoreConfig.generations,
 ) -> tuple[list[Published], list[Rejected]]:
     """One partition's records (offset order) -> what the worker publishes, and its dead
-    letters (module docstring). `window_ms` None: ids never expire."""
+    letters (module docstring). `window` None: ids never expire."""
+    if batch_size < 1:
+        raise ValueError(f"the batch size must be at least 1, not {batch_size}")
     published: list[Published] = []
     rejected: list[Rejected] = []
-    last_published: dict[bytes, int] = {}
+    held: set[bytes] | WindowState = set() if window is None else WindowState(window, generations)
+    now_ms = 0
+    batch: list[Record] = []
+    sources: dict[int, SourceRecord] = {}
+
+    def decide() -> None:
+        nonlocal now_ms
+        split = triage(batch, spec)
+        for dead in split.dead_letters:
+            rejected.append(Rejected(sources[dead.record.offset()], dead.reason, dead.detail))
+        new = [c for c in split.firsts if c.key not in held]
+        published.extend(Published(sources[c.record.offset()], c.message_id) for c in new)
+        now_ms = max(now_ms, split.newest_ms)  # the worker's window clock
+        keys = [c.key for c in new]
+        if isinstance(held, WindowState):
+            held.record(keys, now_ms)
+            held.expire(now_ms)
+        else:
+            held.update(keys)
+        batch.clear()
+        sources.clear()
+
     for rec in records:
-        try:
-            message_id = extract_id(spec, rec.key, rec.value, rec.headers)
-        except InvalidRecord as invalid:
-            rejected.append(Rejected(rec, invalid.reason, invalid.detail))
-            continue
-        key = id_key(message_id)
-        last = last_published.get(key)
-        if last is not None and (window_ms is None or rec.timestamp_ms - last < window_ms):
-            continue
-        last_published[key] = rec.timestamp_ms
-        published.append(Published(rec, message_id))
+        batch.append(Record(rec.offset, rec.key, rec.value, rec.headers, rec.timestamp_ms))
+        sources[rec.offset] = rec
+        if len(batch) >= batch_size:
+            decide()
+    if batch:
+        decide()
     return published, rejected
 
 
@@ -125,12 +159,13 @@ class BackfillJob:
     input_files: str | None
     offsets: Mapping[int, tuple[int, int]] | None
     id_spec: IdSpec
-    window_ms: int | None
+    window: WindowPolicy | None
     output_topic: str | None
     dead_letter_topic: str | None
     output_dir: str | None
     origin_topic: str  # named in dead letters' origin header
     run_id: str
+    batch_size: int = 1
 
 
 RESULT_SCHEMA: Final = "partition INT, published BIGINT, dead_letters BIGINT, last_offset BIGINT"
@@ -183,7 +218,7 @@ def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
         "linger.ms": 20,
         "transaction.timeout.ms": 600_000,
     }
-    spec, window, run_id = job.id_spec, job.window_ms, job.run_id
+    spec, window, run_id, size = job.id_spec, job.window, job.run_id, job.batch_size
     output, dead_topic, origin = job.output_topic, job.dead_letter_topic, job.origin_topic
 
     def publish(table: pa.Table) -> pa.Table:
@@ -191,7 +226,7 @@ def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
         from confluent_kafka import Producer
 
         partition, records = _partition_records(table)
-        published, rejected = first_occurrences(records, spec, window)
+        published, rejected = first_occurrences(records, spec, window, batch_size=size)
         if rejected and not dead_topic:
             raise BackfillError(
                 f"partition {partition}: {len(rejected)} records without a valid id and no "
@@ -272,13 +307,13 @@ OUTPUT_SCHEMA: Final = (
 
 
 def _to_files(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
-    spec, window, origin = job.id_spec, job.window_ms, job.origin_topic
+    spec, window, origin, size = job.id_spec, job.window, job.origin_topic, job.batch_size
 
     def dedup(table: pa.Table) -> pa.Table:
         import pyarrow as pa
 
         partition, records = _partition_records(table)
-        published, rejected = first_occurrences(records, spec, window)
+        published, rejected = first_occurrences(records, spec, window, batch_size=size)
         rows: list[dict[str, Any]] = []
         for item in published:
             rows.append(_row("published", partition, item.record, item.headers(), item.message_id))
@@ -469,6 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--id-source", default="jsonField", choices=list(ID_SOURCES))
     run_p.add_argument("--id-field", default="messageId")
     run_p.add_argument("--window", help="the pipeline's window duration (none: never expire)")
+    run_p.add_argument("--window-max-keys", type=int, help="the pipeline's window.maxKeys")
+    run_p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="records per decision, as the worker's batches (see the module docstring)",
+    )
     target = run_p.add_mutually_exclusive_group(required=True)
     target.add_argument("--output-topic")
     target.add_argument("--output-dir", help="Parquet directory")
@@ -509,6 +551,8 @@ def job_from_args(args: argparse.Namespace) -> BackfillJob:
         raise BackfillError("--output-topic needs --bootstrap-servers")
     if args.offsets and not args.input_topic:
         raise BackfillError("--offsets goes with --input-topic")
+    if args.batch_size < 1:
+        raise BackfillError(f"--batch-size must be at least 1, not {args.batch_size}")
     try:
         return BackfillJob(
             kafka=kafka,
@@ -516,7 +560,10 @@ def job_from_args(args: argparse.Namespace) -> BackfillJob:
             input_files=args.input_files,
             offsets=parse_offsets(args.offsets) if args.offsets else None,
             id_spec=IdSpec(args.id_source, args.id_field),
-            window_ms=parse_duration_ms(args.window) if args.window else None,
+            window=WindowPolicy.from_spec(args.window, args.window_max_keys)
+            if args.window or args.window_max_keys
+            else None,
+            batch_size=args.batch_size,
             output_topic=args.output_topic,
             dead_letter_topic=args.dead_letter_topic,
             output_dir=args.output_dir,

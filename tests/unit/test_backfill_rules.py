@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
+from pathlib import Path
+
+import pytest
 
 from dedup_spark.backfill import Published, SourceRecord, first_occurrences
 from dedup_worker.batch import DLQ_REASON, dead_letter_headers
-from dedup_worker.ids import ID_HEADER, IdSpec
+from dedup_worker.ids import ID_HEADER, IdSpec, id_key
+from dedup_worker.store import Store, StoreConfig, StoreOwner
+from dedup_worker.window import WindowPolicy, WindowState
 
 SPEC = IdSpec("jsonField", "messageId")
 
@@ -22,18 +28,78 @@ def test_the_first_occurrence_wins_and_invalid_records_are_dead_letters() -> Non
     published, rejected = first_occurrences(
         [rec(0, "a"), rec(1, "b"), rec(2, "a"), rec(3, None), rec(4, "c"), rec(5, "b")],
         SPEC,
-        window_ms=1000,
+        WindowPolicy(1000),
     )
     assert [(p.record.offset, p.message_id) for p in published] == [(0, "a"), (1, "b"), (4, "c")]
     assert [(r.record.offset, r.reason) for r in rejected] == [(3, "not_json")]
 
 
-def test_a_repeat_after_the_window_is_published_again() -> None:
-    records = [rec(0, "a", 0), rec(1, "a", 500), rec(2, "a", 1200), rec(3, "a", 1500)]
-    published, _ = first_occurrences(records, SPEC, window_ms=1000)
-    assert [p.record.offset for p in published] == [0, 2]  # the drop at 500 does not renew
-    published, _ = first_occurrences(records, SPEC, window_ms=None)
+def test_a_repeat_after_the_window_is_published_again_as_the_worker_expires() -> None:
+    """The worker looks a batch's ids up before it expires at that batch's timestamp: the
+    repeat at 1300 still finds `a` (expired only after that batch), the one at 1500 not."""
+    records = [rec(0, "a", 0), rec(1, "a", 500), rec(2, "a", 1300), rec(3, "a", 1500)]
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(1000))
+    assert [p.record.offset for p in published] == [0, 3]  # the drop at 500 does not renew
+    published, _ = first_occurrences(records, SPEC, None)
     assert [p.record.offset for p in published] == [0]
+
+
+def test_the_window_keeps_an_id_up_to_a_quarter_longer() -> None:
+    # 4 generations of 250 ms: `a` (at 0) is in the first, which goes once its newest id
+    # is older than 1000 ms; `b` at 240 keeps that generation alive until 1240.
+    records = [rec(0, "a", 0), rec(1, "b", 240), rec(2, "c", 1100), rec(3, "a", 1200)]
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(1000))
+    assert [p.record.offset for p in published] == [0, 1, 2]  # `a` at 1200: still held
+    records[3] = rec(3, "a", 1300)
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(1000))
+    assert [p.record.offset for p in published] == [0, 1, 2]  # expired after, not before
+    records.append(rec(4, "a", 1310))
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(1000))
+    assert [p.record.offset for p in published] == [0, 1, 2, 4]
+
+
+def test_max_keys_drops_the_oldest_generation() -> None:
+    # maxKeys 4 over 4 generations: one id per generation; the 5th id drops the first.
+    records = [rec(i, f"id-{i}", i) for i in range(5)] + [rec(5, "id-0", 6), rec(6, "id-1", 7)]
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(None, 4))
+    # id-0 was dropped when id-4 came; id-0 again then drops id-1 ... and so on.
+    assert [p.record.offset for p in published] == [0, 1, 2, 3, 4, 5, 6]
+    published, _ = first_occurrences(records, SPEC, WindowPolicy(None, 8))
+    assert [p.record.offset for p in published] == [0, 1, 2, 3, 4]
+
+
+def test_batches_decide_as_the_workers_do() -> None:
+    # In one batch the repeat is dropped inside it; its window clock is the batch's newest.
+    records = [rec(0, "a", 0), rec(1, "a", 5000), rec(2, "b", 5001)]
+    one, _ = first_occurrences(records, SPEC, WindowPolicy(1000), batch_size=1)
+    assert [p.record.offset for p in one] == [0, 2]  # `a` at 5000 still held (lookup first)
+    together, _ = first_occurrences(records, SPEC, WindowPolicy(1000), batch_size=3)
+    assert [p.record.offset for p in together] == [0, 2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_in_memory_window_keeps_what_the_workers_store_keeps(seed: int, tmp_path: Path) -> None:
+    """`WindowState` (the backfill's) against the worker's RocksDB `Store`, batch by
+    batch as the worker drives it: the same lookups, the same ids expired."""
+    rng = random.Random(seed)
+    duration = rng.choice([None, 1000, 5000])
+    policy = WindowPolicy(duration, rng.choice([7, 40] if duration is None else [None, 7, 40]))
+    config = StoreConfig()
+    state = WindowState(policy, config.generations)
+    now = 0
+    with Store.open(tmp_path / "s", StoreOwner("ns", "p", 0), policy, config) as store:
+        for _ in range(150):
+            now += rng.choice([0, 10, 100, 400])
+            keys = list({id_key(f"id-{rng.randrange(60)}") for _ in range(rng.randint(1, 6))})
+            present = store.contains_many(keys)
+            assert present == [k in state for k in keys]
+            new = [k for k, hit in zip(keys, present, strict=True) if not hit]
+            store.record_batch(
+                new, now, input_next_offset=None, output_next_offset=None, known_new=True
+            )
+            state.record(new, now)
+            assert store.expire(now) == state.expire(now)
+            assert store.generations == state.live
 
 
 def test_output_headers_are_the_inputs_plus_the_id() -> None:

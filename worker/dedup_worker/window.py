@@ -164,3 +164,61 @@ def generations_to_drop(policy: WindowPolicy, live: Sequence[Generation], now_ms
             kept -= live[drop].keys
             drop += 1
     return drop
+
+
+class WindowState:
+    """The window's ids in memory, kept exactly as the worker's store keeps them:
+    generations placed by ``place_batch`` and dropped by ``generations_to_drop``, as
+    ``store.Store.record_batch`` and ``Store.expire`` apply them. For replays that must
+    decide as the worker does (``dedup_spark.backfill``) without a RocksDB.
+
+    ``record`` takes the ids the caller found absent (distinct), as the worker's
+    ``record_batch(known_new=True)`` does."""
+
+    def __init__(self, policy: WindowPolicy, generations: int) -> None:
+        self.policy = policy
+        self.generations = generations
+        self._live: list[Generation] = []
+        self._where: dict[bytes, int] = {}  # id key -> generation number
+        self._members: dict[int, list[bytes]] = {}
+        self._next = 0
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._where
+
+    @property
+    def live(self) -> tuple[Generation, ...]:
+        return tuple(self._live)
+
+    def record(self, keys: Sequence[bytes], timestamp_ms: int) -> None:
+        """Add ``keys`` (new, distinct) at ``timestamp_ms``."""
+        if not keys:
+            return
+        current = self._live[-1] if self._live else None
+        placed = place_batch(self.policy, current, len(keys), timestamp_ms, self.generations)
+        start = 0
+        for index, count in enumerate(placed):
+            if count == 0:
+                continue
+            if index > 0:
+                self._live.append(Generation.opened(self._next, timestamp_ms))
+                self._members[self._next] = []
+                self._next += 1
+            target = self._live[-1].with_keys(count, timestamp_ms)
+            self._live[-1] = target
+            chunk = keys[start : start + count]
+            self._members[target.number].extend(chunk)
+            for key in chunk:
+                self._where[key] = target.number
+            start += count
+
+    def expire(self, now_ms: int) -> int:
+        """Drop the generations the policy expires at ``now_ms``; the ids removed."""
+        drop = generations_to_drop(self.policy, self._live, now_ms)
+        removed = 0
+        for generation in self._live[:drop]:
+            for key in self._members.pop(generation.number):
+                del self._where[key]
+                removed += 1
+        del self._live[:drop]
+        return removed
