@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
-from dedup_operator.desired.audit import DRIVER_RULES
+from dedup_operator.desired.audit import DRIVER_RULES, RESULT_VERBS
 from dedup_spark.session import pod_identity_env
 
 from .cluster import LocalCluster
@@ -31,7 +31,7 @@ def grant_driver(api: client.ApiClient, namespace: str, name: str = "spark-drive
         {"apiGroups": [""], "resources": [resource], "verbs": list(verbs)}
         for resource, verbs in DRIVER_RULES
     ]
-    rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["update", "patch"]})
+    rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": list(RESULT_VERBS)})
     core: Any = client.CoreV1Api(api)  # dict bodies, as the API accepts them
     core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
     rbac: Any = client.RbacAuthorizationV1Api(api)

@@ -67,15 +67,38 @@ DRIVER_MEMORY: Final = "1g"
 EXECUTOR_CORES: Final = 1
 EXECUTOR_MEMORY: Final = "1g"
 
-# What a Spark 4.0 driver on Kubernetes calls (ExecutorPodsAllocator, the pods watcher
-# and snapshots source, its config-map and service cleanup) and nothing more.
-DRIVER_RULES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
-    ("pods", ("get", "list", "watch", "create", "delete", "deletecollection", "patch")),
-    ("configmaps", ("create", "get", "list", "watch", "delete", "deletecollection")),
-    ("services", ("create", "get", "delete", "deletecollection")),
+# What a Spark 4.0 driver on Kubernetes calls with the settings session.py gives it (the
+# default `direct` pods allocator, executors deleted on termination, no decommissioning,
+# no PVCs owned by the driver), read from the spark-kubernetes 4.0.0 classes' calls into
+# the fabric8 client, and nothing more. Each verb with the call that needs it:
+DRIVER_GRANTS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("pods", "get", "ExecutorPodsAllocator reads the driver's own pod (owner of executors)"),
+    ("pods", "create", "ExecutorPodsAllocator creates the executor pods"),
+    ("pods", "list", "ExecutorPodsPollingSnapshotSource lists the app's executor pods"),
+    ("pods", "watch", "ExecutorPodsWatchSnapshotSource watches the app's executor pods"),
+    ("pods", "delete", "ExecutorPodsLifecycleManager deletes finished or timed-out executors"),
+    (
+        "pods",
+        "deletecollection",
+        "the scheduler backend's stop() deletes the app's executor pods by label",
+    ),
+    ("configmaps", "create", "the scheduler backend creates the executors' config ConfigMap"),
+    ("configmaps", "deletecollection", "its stop() deletes that ConfigMap by label"),
+    ("services", "deletecollection", "its stop() deletes the app's Services by label"),
 )
-# and what the job does with its result ConfigMap (read, then create or replace)
-RESULT_VERBS: Final = ("get", "update", "patch")
+# Not granted (was before issue 18): pods patch (only for executorInactivation with
+# deleteOnTermination=false, decommission labels, or the statefulset allocator's exec
+# ids), configmaps get/list/watch/delete and services create/get/delete (a cluster-mode
+# driver's Service and ConfigMap are created by whoever submits it, spark-submit or the
+# Spark operator, with its own account).
+DRIVER_RULES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = tuple(
+    (resource, tuple(verb for r, verb, _ in DRIVER_GRANTS if r == resource))
+    for resource in dict.fromkeys(r for r, _, _ in DRIVER_GRANTS)
+)
+# and what the job does with its result ConfigMap, by name: read it, then replace it
+# (`reconcile.publish_summary`; creating it when absent is `configmaps create` above:
+# RBAC cannot limit create by name).
+RESULT_VERBS: Final = ("get", "update")
 
 
 def image(spec: PipelineSpec) -> str:
