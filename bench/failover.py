@@ -76,7 +76,6 @@ TARGET_S = 30.0
 NAMESPACE = "bench"
 POOL_LABEL = "bench.dedup.io/pool"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
-STEPS = ("fenced", "released", "detached", "started", "ready")
 CRDS = sorted((REPO_ROOT / "crds").glob("*.yaml"))
 
 
@@ -234,6 +233,7 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.apps = client.AppsV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
 
     def json(self, obj: object) -> dict[str, Any]:
         found: dict[str, Any] = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -249,6 +249,9 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def node_lease(self, node: str) -> dict[str, Any]:
+        return self.json(self.coordination.read_namespaced_lease(node, "kube-node-lease"))
 
     def default_service_account(self) -> bool:
         """Pods are admitted only once the service-account controller made `default`."""
@@ -297,9 +300,59 @@ class Kill:
     node: str
     total_s: float  # kill -> the first committed record of every lost partition
     per_partition: dict[int, float]
-    detection_s: list[float] = field(default_factory=list)  # kill -> decision, per partition
-    steps: list[dict[str, float]] = field(default_factory=list)  # per partition
+    # per partition: milestone (MILESTONES) -> seconds after the kill
+    milestones: list[dict[str, float]] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+
+
+MILESTONES = (
+    ("heartbeat", "the lost node's last node-Lease renewal"),
+    ("decision", "the operator decides: node lost (handover started)"),
+    ("fenced", "the old worker's Lease run out and cleared"),
+    ("released", "old pod gone (out-of-service taint, force delete)"),
+    ("detached", "no VolumeAttachment left"),
+    ("started", "replacement pod created"),
+    ("scheduled", "replacement scheduled (pod condition, whole seconds)"),
+    ("process", "replacement's process started (container status, whole seconds)"),
+    ("lease taken", "replacement worker took the Lease (its log)"),
+    ("worker commit", "replacement's first transaction committed (its log)"),
+    ("read", "first record read, read_committed (the figure above)"),
+    ("ready", "the operator records the replacement Ready"),
+)
+
+
+def pod_times(kube: Kube, pod: str) -> dict[str, datetime]:
+    """When the pod was scheduled and its container started (whole seconds)."""
+    found: dict[str, datetime] = {}
+    status = (kube.pod(pod) or {}).get("status") or {}
+    for c in status.get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "True":
+            at = parse_time(c.get("lastTransitionTime"))
+            if at is not None:
+                found["scheduled"] = at
+    for c in status.get("containerStatuses") or []:
+        at = parse_time(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+        if at is not None:
+            found["process"] = at
+    return found
+
+
+def worker_times(log: str) -> dict[str, datetime]:
+    """When the worker took its Lease and committed its first transaction (its JSON log,
+    local time with milliseconds)."""
+    wanted = {"took the Lease": "lease taken", "first transaction committed": "worker commit"}
+    found: dict[str, datetime] = {}
+    for line in log.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        key = wanted.get(doc.get("message", ""))
+        if key and key not in found:
+            found[key] = datetime.strptime(doc["time"], "%Y-%m-%d %H:%M:%S,%f").astimezone(UTC)
+    return found
 
 
 def start_pipeline(
@@ -343,6 +396,9 @@ def measure_kill(
     kube.cluster.kill(victim)
     time.sleep(1.0)  # a produce request the dead worker had on the wire lands before the mark
     marks = watch.high_watermarks()
+    renewed = parse_time(kube.node_lease(victim)["spec"]["renewTime"])
+    assert renewed is not None
+    heartbeat = (renewed - killed_wall).total_seconds()
     firsts = watch.first_commits(killed_at, marks, timeout_s)
     if len(firsts) < len(marks):
         raise TimeoutError(f"{name}: partitions {sorted(set(marks) - set(firsts))} silent")
@@ -361,13 +417,21 @@ def measure_kill(
         last = entry["lastHandover"]
         started = parse_time(last["started"])
         assert started is not None
-        kill.detection_s.append((started - killed_wall).total_seconds())
-        kill.steps.append({str(k): float(v) for k, v in (last.get("steps") or {}).items()})
+        decision = (started - killed_wall).total_seconds()
+        at = {"heartbeat": heartbeat, "decision": decision}
+        at |= {str(k): decision + float(v) for k, v in (last.get("steps") or {}).items()}
+        log = kube.cluster.pod_log(NAMESPACE, entry["pod"])
+        at |= {k: (t - killed_wall).total_seconds() for k, t in worker_times(log).items()}
+        at["read"] = firsts[p]
+        at |= {
+            k: (t - killed_wall).total_seconds() for k, t in pod_times(kube, entry["pod"]).items()
+        }
+        kill.milestones.append(at)
         kill.releases.append(str(last.get("release")))
         progress(
-            f"  p{p} {last.get('fromPod')} -> {entry['pod']} on {entry['node']}: decision "
-            f"{kill.detection_s[-1]:.1f} s after the kill, then {last.get('steps')} "
-            f"(release {last.get('release')}), first commit {firsts[p]:.1f} s after the kill"
+            f"  p{p} {last.get('fromPod')} -> {entry['pod']} on {entry['node']} "
+            f"(release {last.get('release')}), seconds after the kill: "
+            + ", ".join(f"{k} {at[k]:.1f}" for k, _ in MILESTONES if k in at)
         )
     return kill
 
@@ -589,39 +653,26 @@ def report(
         if manual is not None and manual.recovered_s is not None:
             ratio = f"{manual.recovered_s / median:.2f}x"
             print(f"ratio: StatefulSet, manual taint / {which}: {ratio}")
-    print("\nWhere the time goes (median over kills and partitions; seconds):\n")
+    print("\nWhere the time goes: median seconds after the kill, over kills and partitions\n")
     print(
-        "| partitions on the lost node | kill -> decision | decision -> "
-        + " | -> ".join(STEPS)
-        + " | replacement Ready -> first commit (negative: before status said Ready) |"
+        "| milestone | " + " | ".join(f"{n} partition{'s' if n > 1 else ''}" for n in kills) + " |"
     )
-    print("|---|" + "---:|" * (len(STEPS) + 2))
-    for n, runs in kills.items():
-        detection = statistics.median(d for k in runs for d in k.detection_s)
+    print("|---|" + "---:|" * len(kills))
+    for key, what in MILESTONES:
         cells = []
-        previous: float = 0.0
-        for step in STEPS:
-            at = [s[step] for k in runs for s in k.steps if step in s]
-            if at:
-                cells.append(f"{statistics.median(at) - previous:.1f}")
-                previous = statistics.median(at)
-            else:
-                cells.append("-")
-        ready_at = statistics.median(
-            max(d + s.get("ready", 0.0) for d, s in zip(k.detection_s, k.steps, strict=True))
-            for k in runs
-        )
-        after = statistics.median(k.total_s for k in runs) - ready_at
-        print(f"| {n} | {detection:.1f} | " + " | ".join(cells) + f" | {after:.1f} |")
+        for runs in kills.values():
+            at = [m[key] for k in runs for m in k.milestones if key in m]
+            cells.append(f"{statistics.median(at):.1f}" if at else "-")
+        print(f"| {key}: {what} | " + " | ".join(cells) + " |")
     print("\nEach kill (seconds after the kill):\n")
     for n, runs in kills.items():
         for i, k in enumerate(runs, 1):
             print(
-                f"- {n}p kill {i} ({k.node}): first commits "
-                + ", ".join(f"p{p} {s:.1f}" for p, s in sorted(k.per_partition.items()))
-                + "; decisions "
-                + ", ".join(f"{d:.1f}" for d in k.detection_s)
-                + f"; release {sorted(set(k.releases))}"
+                f"- {n}p kill {i} ({k.node}), release {sorted(set(k.releases))}: "
+                + "; ".join(
+                    f"p{p} " + ", ".join(f"{key} {m[key]:.1f}" for key, _ in MILESTONES if key in m)
+                    for p, m in enumerate(k.milestones)
+                )
             )
     for label, b in (("nobody acts", alone), ("manual taint", manual)):
         if b is not None:
