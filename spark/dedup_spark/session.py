@@ -80,6 +80,12 @@ class SparkSettings:
 
 def kubernetes_conf(settings: SparkSettings, env: Mapping[str, str]) -> dict[str, str]:
     """The Spark settings of a client-mode driver in a pod (pure: from `env`)."""
+    if settings.master != "k8s" and not settings.master.startswith("k8s://https://"):
+        raise SessionError(
+            f"--master {settings.master} is refused: the driver sends its service-account "
+            "token to the master, so only k8s (the in-cluster API server) or "
+            "k8s://https://HOST[:PORT] (verified with the cluster's CA) are allowed"
+        )
     missing = [
         name
         for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", *POD_FIELDS)

@@ -136,6 +136,19 @@ INVALID_NEW: list[tuple[str, dict[str, Any], str]] = [
         pipeline(name="a" * 41),
         "metadata.name must be at most 40 characters",
     ),
+    (
+        # issue 18: the driver would send its service-account token in clear to any host
+        "http-spark-master",
+        pipeline(
+            reconciliation={"schedule": "0 3 * * *", "spark": {"master": "k8s://http://x:80"}}
+        ),
+        "an http master would send the driver's service-account token unencrypted",
+    ),
+    (
+        "spark-master-elsewhere",
+        pipeline(reconciliation={"schedule": "@daily", "spark": {"master": "yarn"}}),
+        "spark.master must be k8s (the in-cluster API server), local[N]",
+    ),
 ]
 
 
@@ -204,6 +217,15 @@ def test_apiserver_defaults_are_the_ones_spec_py_assumes(
     from_server = PipelineSpec.parse("minimal", kube_namespace.name, stored["spec"])
     from_code = PipelineSpec.parse("minimal", kube_namespace.name, minimal["spec"])
     assert from_server == from_code
+
+
+@pytest.mark.parametrize("master", ["k8s", "local[2]", "local[*]", "k8s://https://10.96.0.1:443"])
+def test_spark_masters_that_keep_the_token_in_the_cluster_are_accepted(
+    dedup_crd: KubeCluster, kube_namespace: KubeNamespace, master: str
+) -> None:
+    body = pipeline(reconciliation={"schedule": "@daily", "spark": {"master": master}})
+    code, stderr = apply(kube_namespace, body)
+    assert code == 0, stderr
 
 
 def test_example_pipeline_is_valid(dedup_crd: KubeCluster, kube_namespace: KubeNamespace) -> None:

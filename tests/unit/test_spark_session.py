@@ -133,3 +133,10 @@ def test_a_driver_without_its_bind_address_or_application_is_named() -> None:
         driver_command({}, Path("/x"), ["app.py"])
     with pytest.raises(EntrypointError, match="application"):
         driver_command({"SPARK_DRIVER_BIND_ADDRESS": "1.2.3.4"}, Path("/x"), [])
+
+
+def test_a_master_that_would_send_the_token_in_clear_is_refused() -> None:
+    """Issue 18: the token goes to whatever the master names; http would expose it."""
+    for master in ("k8s://http://10.0.0.1:80", "k8s://10.0.0.1:6443"):
+        with pytest.raises(SessionError, match=r"only k8s .* or k8s://https://"):
+            kubernetes_conf(SparkSettings(master, image="img"), {})
