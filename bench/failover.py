@@ -303,6 +303,7 @@ class Kill:
     # per partition: milestone (MILESTONES) -> seconds after the kill
     milestones: list[dict[str, float]] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+    load: float = 0.0  # the 1-minute load average at the kill
 
 
 MILESTONES = (
@@ -391,6 +392,7 @@ def measure_kill(
     timeout_s: float,
 ) -> Kill:
     before = kube.partitions(name)
+    load = os.getloadavg()[0]
     killed_wall = datetime.now(UTC)
     killed_at = time.monotonic()
     kube.cluster.kill(victim)
@@ -402,7 +404,7 @@ def measure_kill(
     firsts = watch.first_commits(killed_at, marks, timeout_s)
     if len(firsts) < len(marks):
         raise TimeoutError(f"{name}: partitions {sorted(set(marks) - set(firsts))} silent")
-    kill = Kill(victim, max(firsts.values()), firsts)
+    kill = Kill(victim, max(firsts.values()), firsts, load=load)
 
     def recorded() -> bool:
         entries = kube.partitions(name)
@@ -463,7 +465,10 @@ def run_operator_kills(
             time.sleep(rng.uniform(0, 10))  # any phase of the node Lease's renewal
             progress(f"{name}: kill {k + 1}/{kills}: {victim} ({partitions} partitions)")
             kill = measure_kill(kube, name, watch, victim, timeout_s=600)
-            progress(f"{name}: all {partitions} committing again {kill.total_s:.1f} s after")
+            progress(
+                f"{name}: all {partitions} committing again {kill.total_s:.1f} s after "
+                f"(load average {kill.load:.1f})"
+            )
             results.append(kill)
             kube.restart(victim)
     finally:
@@ -614,12 +619,13 @@ def report(
     alone: Baseline | None,
     manual: Baseline | None,
 ) -> None:
+    loads = [k.load for runs in kills.values() for k in runs] or [os.getloadavg()[0]]
     print(f"\n$ {command}\n")
     print(
         f"{os.cpu_count()} CPUs; local cluster, process runtime, ClusterTimings() (production);"
         f" CRD default failover (nodeLostAfter 20s, leaseDuration 15s, OutOfServiceTaint);"
         f" operator --interval {args.operator_interval:g}; traffic {args.rate} records/s per"
-        " partition\n"
+        f" partition; 1-minute load average at the kills {min(loads):.1f}-{max(loads):.1f}\n"
     )
     print("| node killed during traffic | kills | median s | max s | target |")
     print("|---|---:|---:|---:|---|")
@@ -668,7 +674,8 @@ def report(
     for n, runs in kills.items():
         for i, k in enumerate(runs, 1):
             print(
-                f"- {n}p kill {i} ({k.node}), release {sorted(set(k.releases))}: "
+                f"- {n}p kill {i} ({k.node}, load average {k.load:.1f}), "
+                f"release {sorted(set(k.releases))}: "
                 + "; ".join(
                     f"p{p} " + ", ".join(f"{key} {m[key]:.1f}" for key, _ in MILESTONES if key in m)
                     for p, m in enumerate(k.milestones)
