@@ -729,7 +729,12 @@ def main(argv: list[str] | None = None) -> int:
         log = args.operator_log or Path(scratch) / "operator.log"
         operator = stack.enter_context(
             running_operator(
-                cluster.kubeconfig_path, NAMESPACE, log, interval=args.operator_interval
+                cluster.kubeconfig_path,
+                NAMESPACE,
+                log,
+                interval=args.operator_interval,
+                # the default (the tests' 3 s loses leadership on a loaded machine)
+                extra=("--leader-lease-duration", "15"),
             )
         )
         traffic = stack.enter_context(Traffic(broker.bootstrap, args.rate).running())
