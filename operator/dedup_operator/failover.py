@@ -241,6 +241,7 @@ class PodView:
     unschedulable: str | None = None
     unschedulable_since: datetime | None = None
     ip: str | None = None  # where its /metrics are scraped
+    uid: str | None = None  # a delete is conditional on it (never a same-named successor)
 
 
 @dataclass(frozen=True)

@@ -435,16 +435,24 @@ class Kube:
         return base64.b64decode(raw).decode() if raw is not None else None
 
     # ------------------------------------------------------------------- act
-    def delete_pod(self, namespace: str, name: str, force: bool) -> None:
+    def delete_pod(self, namespace: str, name: str, force: bool, uid: str | None = None) -> bool:
+        """Delete the pod the pass observed: only that incarnation (`uid`, a precondition
+        the API server checks), never a successor of the same name created since.
+        False when it is gone or is another pod now (409)."""
         self._may_act(f"delete pod {name}")
-        body = client.V1DeleteOptions(grace_period_seconds=0) if force else None
+        body = client.V1DeleteOptions(
+            grace_period_seconds=0 if force else None,
+            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+        )
         try:
             self.core.delete_namespaced_pod(
                 name, namespace, body=body, grace_period_seconds=0 if force else None
             )
         except ApiException as exc:
-            if not _absent(exc):
-                raise
+            if _absent(exc) or exc.status == 409:
+                return False
+            raise
+        return True
 
     def _node_taints(self, node: str) -> tuple[str, list[Obj], list[str]]:
         """(resourceVersion, taints, the pipelines in its out-of-service mark)."""

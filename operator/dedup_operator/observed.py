@@ -173,6 +173,7 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
             parse_time(scheduled.get("lastTransitionTime")) if scheduled and unschedulable else None
         ),
         ip=status.get("podIP") or None,
+        uid=meta.get("uid"),
     )
 
 

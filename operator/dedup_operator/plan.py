@@ -123,6 +123,7 @@ class Plan:
     lift: tuple[str, ...]  # our taints to remove (the node is back, none of our volumes)
     forget: tuple[str, ...]  # tainted nodes gone or untainted by someone: off our list
     failovers: int  # status.failovers after the completions in this plan
+    pod_uids: Mapping[str, str | None]  # each observed pod's uid: deletes are conditional
 
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
@@ -201,6 +202,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         lift=tuple(lift),
         forget=tuple(forget),
         failovers=failovers,
+        pod_uids={v.name: v.uid for views in obs.pods.values() for v in views},
     )
 
 

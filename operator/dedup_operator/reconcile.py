@@ -385,7 +385,7 @@ def _act(
                 )
         elif isinstance(action, DeletePods):
             for pod_name in action.names:
-                kube.delete_pod(namespace, pod_name, action.force)
+                kube.delete_pod(namespace, pod_name, action.force, the_plan.pod_uids.get(pod_name))
             record(
                 "Normal",
                 "WorkerDeleted",

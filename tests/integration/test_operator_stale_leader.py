@@ -250,3 +250,25 @@ def test_status_write_on_a_changed_pipeline_is_a_conflict(
         with pytest.raises(NotLeader):
             kube.patch_status(ns, "occ", {"phase": "Failed"})
     kube.set_finalizer(ns, "occ", "dedup.io/x", present=False)
+
+
+def test_a_pod_delete_hits_only_the_incarnation_the_pass_observed(
+    kube: KubeCluster, kube_namespace: KubeNamespace
+) -> None:
+    """A pass deletes the pod it saw (its uid, a precondition the API server checks): a
+    pod created since under the same name is left alone."""
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    core = client.CoreV1Api(api)
+    pod = {
+        "metadata": {"name": "events-p0-e1"},
+        "spec": {"containers": [{"name": "w", "image": "dedup.io/none"}]},
+    }
+    seen = core.create_namespaced_pod(ns, pod).metadata.uid
+    core.delete_namespaced_pod("events-p0-e1", ns, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, "the first incarnation gone")
+    successor = core.create_namespaced_pod(ns, pod).metadata.uid
+    k = Kube(api)
+    assert not k.delete_pod(ns, "events-p0-e1", force=True, uid=seen)
+    assert core.read_namespaced_pod("events-p0-e1", ns).metadata.uid == successor
+    assert k.delete_pod(ns, "events-p0-e1", force=True, uid=successor)
+    assert not k.delete_pod(ns, "events-p0-e1", force=True, uid=successor)  # gone: no error
