@@ -108,15 +108,12 @@ class Cluster:
     def check_crd(self) -> None:
         """CtlError(NO_CRD) unless the API server serves dedup.io/v1alpha1 deduppipelines."""
         found = self.call(
-            "read the API's resources",
-            self.api.call_api,
-            f"/apis/{names.GROUP}/{names.VERSION}",
-            "GET",
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
+            f"read the API's resources of {names.GROUP}/{names.VERSION}",
+            self.custom.get_api_resources,
+            names.GROUP,
+            names.VERSION,
         )
-        plurals = {r.get("name") for r in (found or {}).get("resources") or []}
+        plurals = {r.name for r in (found.resources if found is not None else None) or []}
         if names.PLURAL not in plurals:
             raise CtlError(
                 NO_CRD,
