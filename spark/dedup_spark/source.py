@@ -171,16 +171,26 @@ def ids_schema() -> pa.Schema:
 def content_digest(
     key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
 ) -> int:
-    """64 bits of BLAKE2b over a record's key, value and headers (in order), each part
-    length-prefixed so that no two different records encode alike."""
+    """64 bits of BLAKE2b over a record's key, value and headers (in order), as an int64."""
+    return int.from_bytes(_digest_bytes(key, value, headers), "little", signed=True)
+
+
+def _digest_bytes(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
+) -> bytes:
+    """`content_digest` as 8 bytes (little-endian int64). A record with only a value (the
+    common case) is hashed as it is; any other has each part length-prefixed; the two
+    encodings are kept apart by BLAKE2b's personalisation, so no two different records
+    encode alike."""
+    if key is None and not headers and value is not None:
+        return blake2b(value, digest_size=8, person=b"dedup.v").digest()
     parts = [b"-" if key is None else b"%d:%s" % (len(key), key)]
     parts.append(b"-" if value is None else b"%d:%s" % (len(value), value))
     for name, data in headers or ():
         raw = name.encode()
         parts.append(b"%d:%s" % (len(raw), raw))
         parts.append(b"-" if data is None else b"%d:%s" % (len(data), data))
-    digest = blake2b(b"".join(parts), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    return blake2b(b"".join(parts), digest_size=8, person=b"dedup.kvh").digest()
 
 
 def with_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> DataFrame:
@@ -269,6 +279,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
     """One Arrow batch of Kafka rows -> the same rows' ids, reasons and content digests
     (runs in executors). `published`: output records, digested without the last
     `dedup.id` header (the worker appends it to the input's headers)."""
+    import numpy as np
     import pyarrow as pa
 
     names = batch.schema.names
@@ -284,7 +295,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
         headers = [None] * size
     ids: list[str | None] = []
     reasons: list[str | None] = []
-    digests: list[int] = []
+    digests: list[bytes] = []
     for key, value, hs in zip(keys, values, headers, strict=True):
         try:
             ids.append(extract_id(spec, key, value, hs))
@@ -293,7 +304,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
             ids.append(None)
             reasons.append(invalid.reason)
         own = hs[:-1] if published and hs and hs[-1][0] == ID_HEADER else hs
-        digests.append(content_digest(key, value, own))
+        digests.append(_digest_bytes(key, value, own))
     return pa.RecordBatch.from_arrays(
         [
             batch.column(names.index("partition")),
@@ -301,7 +312,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
             batch.column(names.index("timestamp_ms")),
             pa.array(ids, pa.string()),
             pa.array(reasons, pa.string()),
-            pa.array(digests, pa.int64()),
+            pa.array(np.frombuffer(b"".join(digests), dtype="<i8"), pa.int64()),
         ],
         schema=ids_schema(),
     )
