@@ -61,6 +61,7 @@ DLQ_PARTITION = batch_rules.DLQ_PARTITION
 DLQ_OFFSET = batch_rules.DLQ_OFFSET
 
 DISK_GAUGE_EVERY_S = 10.0
+ABORT_FLUSH_S = 10.0  # before a deliberate abort: the open transaction's records delivered
 PAUSED_STEP_S = 0.05  # while paused, how often the hold is looked at again
 
 _COORDINATOR_MOVING = {
@@ -558,10 +559,17 @@ class DedupWorker:
             "the Lease hold lapsed before the commit; transaction aborted",
             extra={"reason": self.fencing.why_not_held()},
         )
+        # Deliver what the transaction holds before aborting it (librdkafka#4849): an
+        # abort sent while the transaction's first produce is in flight can reach the
+        # coordinator before the partitions are added, and the broker then refuses the
+        # EndTxn with a fatal INVALID_TXN_STATE, which would stop this worker as if it
+        # were fenced. Records delivered into a transaction that is then aborted are
+        # never read by a read_committed consumer.
         try:
+            producer.flush(ABORT_FLUSH_S)
             producer.abort_transaction(30)
         except KafkaException as exc:
-            self._raise_if_fenced(exc, "abort_transaction")
+            self._raise_if_fenced(exc, "flush, abort_transaction")
             raise
         self.metrics.aborts.inc()
         return False
