@@ -4,7 +4,8 @@ The scheduled `dedup-reconcile` writes its JSON summary (CONTRACTS.md, "Result t
 pipeline") into the ConfigMap `P-reconciliation`. Each pass the operator reads it and,
 when its `finishedAt` is newer than `status.lastReconciliation.time`, takes it over:
 `status.lastReconciliation` {time, passed, checked (= totals.input), duplicates, missing,
-unexpected, orderViolations, runId, reportRef {configMap}}, one Event
+unexpected, orderViolations, runId, reportRef {configMap}; missingDeadLetters,
+contentMismatches and unverifiable when the summary has them}, one Event
 (ReconciliationPassed / ReconciliationFailed) and the metrics. The condition
 `ReconciliationHealthy` is derived from `lastReconciliation` on every pass, so it stays
 as long as the pipeline has a reconciliation. Under the Spark operator the state of the
@@ -83,8 +84,12 @@ def last_reconciliation(summary: Mapping[str, Any], configmap: str) -> dict[str,
         "runId": str(summary.get("runId") or ""),
         "reportRef": {"configMap": configmap},
     }
-    if "missingDeadLetters" in totals:  # invalid input with no dead letter (fails too)
-        last["missingDeadLetters"] = int(totals["missingDeadLetters"])
+    # Counts newer audits report (older summaries lack them): invalid input with no dead
+    # letter and output whose contents changed (both fail the audit); input retention
+    # deleted before it could be checked (fails it unless run with --unverifiable warn).
+    for name in ("missingDeadLetters", "contentMismatches", "unverifiable"):
+        if name in totals:
+            last[name] = int(totals[name])
     if summary.get("report"):
         last["reportRef"]["report"] = str(summary["report"])
     return last
@@ -100,7 +105,13 @@ def _findings(last: Mapping[str, Any]) -> str:
 
 def _dead_letters(last: Mapping[str, Any]) -> str:
     n = int(last.get("missingDeadLetters") or 0)
-    return f", {n} invalid records without a dead letter" if n else ""
+    changed = int(last.get("contentMismatches") or 0)
+    blind = int(last.get("unverifiable") or 0)
+    return (
+        (f", {n} invalid records without a dead letter" if n else "")
+        + (f", {changed} published with changed contents" if changed else "")
+        + (f", {blind} unverifiable (deleted by retention)" if blind else "")
+    )
 
 
 def message(last: Mapping[str, Any]) -> str:

@@ -121,3 +121,12 @@ def test_newest_spark_application() -> None:
 def test_unreadable_summaries_say_why(text: str, why: str) -> None:
     with pytest.raises(r.SummaryError, match=why):
         r.outcome(text, "cm", None)
+
+
+def test_content_mismatches_and_unverifiable_input_reach_the_status_and_the_message() -> None:
+    out = r.outcome(summary(False, contentMismatches=2, unverifiable=40), "cm", None)
+    assert out.last is not None
+    assert (out.last["contentMismatches"], out.last["unverifiable"]) == (2, 40)
+    assert out.event is not None
+    assert "2 published with changed contents" in out.event[2]
+    assert "40 unverifiable (deleted by retention)" in out.event[2]
