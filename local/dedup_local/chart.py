@@ -57,15 +57,16 @@ def helm_path() -> Path:
     return binaries.helm
 
 
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the cached helm (no repositories, no network: a private config home)."""
+def helm(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the cached helm (no repositories, no network: a private config home); give
+    `timeout` more than any `--timeout` of helm's own `--wait`."""
     home = cache_dir() / "helm-home"
     result = subprocess.run(
         [str(helm_path()), *args],
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=timeout,
         env={
             "HOME": str(home),
             "HELM_CACHE_HOME": str(home / "cache"),
