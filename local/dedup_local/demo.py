@@ -377,7 +377,9 @@ def dedupctl(cluster: LocalCluster, *args: str, timeout: float = 120) -> int:
     """dedupctl as a person runs it, its output on the demo's terminal."""
     cmd = [DEDUPCTL, *args, "-n", NAMESPACE, "--kubeconfig", str(cluster.kubeconfig_path)]
     say("$ dedupctl " + " ".join(args))
-    return subprocess.run(cmd, timeout=timeout, check=False).returncode
+    # Its own session: a Ctrl-C reaches the demo alone, whose subprocess.run kills it
+    # (no KeyboardInterrupt traceback from a Python child caught mid-import).
+    return subprocess.run(cmd, timeout=timeout, check=False, start_new_session=True).returncode
 
 
 def png_path() -> Path:

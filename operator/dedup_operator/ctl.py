@@ -319,11 +319,11 @@ def cmd_status(cluster: Cluster, args: argparse.Namespace) -> int:
                 print("\033[H\033[2J", end="")
             print(f"Every {args.interval:g}s: dedupctl status   {_rfc3339(_now())}\n")
             print(ctl_view.render_status(doc, _now()), flush=True)
-        else:  # one document per refresh
+        elif args.output == "json":  # one document per line and refresh (JSON Lines)
+            print(json.dumps(doc), flush=True)
+        else:
             emit(doc, args.output, str)
-            if args.output == "yaml":
-                print("---")
-            sys.stdout.flush()
+            print("---", flush=True)
         time.sleep(args.interval)
 
 

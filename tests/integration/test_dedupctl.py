@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -184,6 +185,19 @@ def test_status_shows_what_the_cluster_holds(pipeline: Pipeline) -> None:
         "status", NAME, "-n", ns, "-o", "yaml", "--rate-sample", "0", kubeconfig=kubeconfig
     )
     assert yaml.safe_load(as_yaml.stdout)["pipelines"][0]["name"] == NAME
+
+    # --watch -o json: one document per line and refresh, until Ctrl-C (exit 0)
+    watch = subprocess.Popen(
+        [DEDUPCTL, "status", NAME, "-n", ns, "-o", "json", "--watch", "--interval", "1",
+         "--kubeconfig", str(kubeconfig)],
+        stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert watch.stdout is not None
+    docs = [json.loads(watch.stdout.readline()) for _ in range(2)]
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=60) == 0
+    assert [d["pipelines"][0]["phase"] for d in docs] == ["Running", "Running"]
 
     # `kubectl dedup`: kubectl finds the plugin on PATH
     kubectl = local_cluster_kubectl(pipeline)
