@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -184,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     _configure_logging(args.log_format, args.log_level)
+    # SIGUSR1 prints every thread's stack to stderr: what a person (or a test) looks at
+    # when the operator seems stuck (`kill -USR1 <pid>`), without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.kubeconfig:
         if not os.path.exists(args.kubeconfig):
             log.error("kubeconfig %s does not exist", args.kubeconfig)

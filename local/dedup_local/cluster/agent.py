@@ -732,10 +732,21 @@ class NodeAgent:
             "containerStatuses": [r.to_status() for r in records],
         }
         comparable = json.dumps(status, sort_keys=True)
-        if runner.last_status is not None and runner.last_status.get("_key") == comparable:
-            return
         old = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
         conditions = pod_conditions(phase, records, now())
+        # As the kubelet's status manager: report again when the API's pod differs from
+        # what this node knows, not only when this node's view changed -- the node
+        # lifecycle controller marks the pods of a node it saw NotReady `Ready=False`,
+        # and only the node sets them back once it heartbeats again.
+        drifted = any(
+            (old.get(cond["type"]) or {}).get("status") != cond["status"] for cond in conditions
+        )
+        if (
+            not drifted
+            and runner.last_status is not None
+            and runner.last_status.get("_key") == comparable
+        ):
+            return
         for cond in conditions:  # keep transition times of unchanged conditions
             prev = old.get(cond["type"])
             if prev and prev.get("status") == cond["status"] and prev.get("lastTransitionTime"):
