@@ -27,7 +27,14 @@ import kopf
 from dedup_operator import names
 from dedup_operator.kube import Kube
 from dedup_operator.leader import LeaderElection
-from dedup_operator.reconcile import ReconcileSettings, Recorder, forget, reconcile
+from dedup_operator.reconcile import (
+    ReconcileSettings,
+    Recorder,
+    forget,
+    next_pass_in,
+    reconcile,
+    watch_leases,
+)
 
 log = logging.getLogger("dedup_operator")
 
@@ -71,16 +78,25 @@ def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
         reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
         return
     if not leader.is_leader():
-        return  # another replica acts; this one takes over if it stops renewing
+        # another replica acts; this one watches the Leases, to take over with history
+        watch_leases(kube, namespace, name)
+        return
     # and before each mutating call of the pass, again (a pass may outlive leadership)
     with kube.acting(leader.is_leader):
         reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
 
 
+FOLLOW_UP_S = 1.0  # the shortest wait between two rounds (a handover's next step)
+
+
 def resync_forever() -> None:
-    """A pass over every pipeline each interval, until RUNTIME.stop is set."""
+    """A pass over every pipeline each interval, until RUNTIME.stop is set; sooner when
+    a pass acted or something it waits for is due before then (`next_pass_in`), never
+    more often than every FOLLOW_UP_S."""
     kube = _kube()
-    while not RUNTIME.stop.wait(RUNTIME.settings.interval_s):
+    wait = RUNTIME.settings.interval_s
+    while not RUNTIME.stop.wait(wait):
+        wait = RUNTIME.settings.interval_s
         try:
             pipelines = kube.pipelines(RUNTIME.namespaces)
         except Exception as exc:
@@ -96,6 +112,11 @@ def resync_forever() -> None:
                 reconcile_one(kube, meta["namespace"], meta["name"])
             except Exception as exc:  # one bad pass must not stop the loop
                 log.exception("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+                continue
+            leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
+            due = next_pass_in(meta["namespace"], meta["name"]) if leading else None
+            if due is not None:
+                wait = max(FOLLOW_UP_S, min(wait, due))
 
 
 @kopf.on.login()

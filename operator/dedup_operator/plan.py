@@ -128,6 +128,23 @@ class Plan:
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
 
+    def next_pass_in(self, now: datetime) -> float | None:
+        """When the next pass is due, in seconds: at once (0) when this one acted -- a
+        handover takes one step per pass (fence, release, create), and each step's
+        outcome is what the next one decides on -- else when the earliest wait runs out
+        (a Lease expiring, a node's nodeLostAfter); None: nothing pending, the regular
+        interval."""
+        if self.record is not None or any(
+            s.action is not None and not isinstance(s.action, Steady) for s in self.steps
+        ):
+            return 0.0
+        waits = [
+            (s.action.until - now).total_seconds()
+            for s in self.steps
+            if isinstance(s.action, Steady) and s.action.until is not None
+        ]
+        return max(0.0, min(waits)) if waits else None
+
 
 def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
     spec = obs.spec

@@ -95,6 +95,7 @@ class _Memory:
     ensured: tuple[int, float] | None = None  # (generation, monotonic time)
     topic: tuple[tuple[Any, ...], float, TopicCheck] | None = None
     audit_error: str | None = None  # the last unreadable-summary message (said once)
+    next_pass_in: float | None = None  # the last pass's plan: when the next one is due
 
 
 _memories: dict[tuple[str, str], _Memory] = {}
@@ -116,6 +117,14 @@ _heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
 def _memory(namespace: str, name: str) -> _Memory:
     with _memories_lock:
         return _memories.setdefault((namespace, name), _Memory())
+
+
+def next_pass_in(namespace: str, name: str) -> float | None:
+    """When the pipeline's next pass is due (seconds; None: the regular interval), as
+    its last pass's plan said (`Plan.next_pass_in`)."""
+    with _memories_lock:
+        memory = _memories.get((namespace, name))
+    return memory.next_pass_in if memory is not None else None
 
 
 def forget(namespace: str, name: str) -> None:
@@ -158,6 +167,22 @@ def reconcile(
         metrics.RECONCILES.labels(namespace, name, status["_result"]).inc()
         status.pop("_result")
         return status
+
+
+def watch_leases(kube: Kube, namespace: str, name: str) -> None:
+    """A standby replica's pass: read the pipeline's partition Leases and the node
+    heartbeats only to remember when each changed (the Lease clock and the unbroken
+    view), acting on nothing. A standby that becomes leader then judges a Lease with the
+    history it has watched instead of starting from zero and waiting a full duration (as
+    client-go's standby candidates keep observing the leader Lease)."""
+    for lease in kube.leases(namespace, name).values():
+        lease_view(lease, _lease_clock)
+    heartbeats = kube.node_leases()
+    if heartbeats is None:
+        return
+    watched_for = timedelta(seconds=_heartbeat_view.looked(since=kube.heartbeats_watched_since()))
+    for node in kube.nodes():
+        node_view(node, heartbeats.get(node["metadata"]["name"]), _lease_clock, None, watched_for)
 
 
 def finalize(kube: Kube, body: Mapping[str, Any], record: Recorder) -> None:
@@ -230,6 +255,7 @@ def _reconcile(
     claims = _ensure_objects(kube, spec, owner, generation, record, settings, memory)
     obs = _observe(kube, spec, body, claims, record, settings, memory)
     the_plan = plan_pass(obs, now)
+    memory.next_pass_in = the_plan.next_pass_in(now)
     # the pipeline's version this pass decided on; each of its own writes moves it on
     version, tainted = _act(kube, spec, meta, the_plan, record)
     return _report(

@@ -171,3 +171,35 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
     for path in CLUSTER_WIDE:
         assert ("GET", path) not in reads_many, (path, reads_many)
     assert sum(reads_many.values()) == sum(reads_few.values()) <= 4 * PASSES
+
+
+def test_a_standby_watches_the_leases_so_a_new_leader_judges_them_with_history(
+    kube: KubeCluster, kube_namespace: KubeNamespace
+) -> None:
+    """A standby replica's passes only observe (reconcile.watch_leases): when it becomes
+    leader, a Lease it saw unchanged for a while is not 'fresh at first sight'."""
+    from datetime import timedelta
+
+    from dedup_operator import reconcile as passes
+    from dedup_operator.observed import lease_view
+
+    ns = kube_namespace.name
+    client.CoordinationV1Api(kube_namespace.api_client).create_namespaced_lease(
+        ns,
+        {
+            "metadata": {"name": "events-p0", "labels": {names.LABEL_PIPELINE: "events"}},
+            "spec": {
+                "holderIdentity": "events-p0-e1",
+                "leaseDurationSeconds": 15,
+                "renewTime": datetime.now(UTC),
+                "leaseTransitions": 1,
+            },
+        },
+    )
+    standby = Kube(kube.api_client)
+    passes.watch_leases(standby, ns, "events")  # first sight
+    time.sleep(2.0)
+    passes.watch_leases(standby, ns, "events")
+    lease = standby.leases(ns, "events")["events-p0"]
+    seen = lease_view(lease, passes._lease_clock).unchanged_for
+    assert seen >= timedelta(seconds=2), seen

@@ -209,3 +209,16 @@ def test_status_sums_the_workers_counters_and_keeps_the_tainted_list_given() -> 
     assert status["phase"] == "Running" and status["readyPartitions"] == 2
     assert [p["lag"] for p in status["partitions"]] == [5, 0]
     assert "lastReconciliation" not in status
+
+
+def test_the_next_pass_is_due_at_once_after_acting_else_when_a_wait_runs_out() -> None:
+    assert plan_pass(observation(), NOW).next_pass_in(NOW) is None, "steady: the interval"
+    nodes = {"n1": node("n1", up=False), "n2": node("n2"), "n3": node("n3")}
+    begun = plan_pass(observation(nodes=nodes), NOW)
+    assert begun.next_pass_in(NOW) == 0.0, "a handover recorded: its next step at once"
+    waiting = plan_pass(
+        observation(nodes=nodes, previous=begun.record, leases=dict([lease(0, 1, 4), lease(1, 1)])),
+        NOW,
+    )
+    assert isinstance(waiting.steps[0].action, Steady)
+    assert waiting.next_pass_in(NOW) == 6.0, "when the old worker's Lease runs out"
