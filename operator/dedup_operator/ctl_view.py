@@ -542,11 +542,16 @@ def audit_doc(body: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dic
             raw = [{"partition": k, **v} for k, v in raw.items() if isinstance(v, Mapping)]
         per_partition = [dict(p) for p in raw if isinstance(p, Mapping)]
     meta = body.get("metadata") or {}
+    shown = audit_summary_doc(last)
+    if shown is not None and last:
+        # counts the audit adds when it has them (its summary's content digests, records
+        # deleted by retention before they could be checked)
+        shown.update({k: _int(last[k]) for k in AUDIT_EXTRA_COUNTS if k in last})
     return {
         "namespace": meta.get("namespace"),
         "name": meta.get("name"),
         "scheduled": bool((body.get("spec") or {}).get("reconciliation")),
-        "last": audit_summary_doc(last),
+        "last": shown,
         "report": (last or {}).get("reportRef"),
         "condition": cond,
         "totals": totals,
@@ -554,6 +559,7 @@ def audit_doc(body: Mapping[str, Any], summary: Mapping[str, Any] | None) -> dic
     }
 
 
+AUDIT_EXTRA_COUNTS: Final = ("contentMismatches", "unverifiable")
 _AUDIT_COUNTS: Final = (
     "input", "valid", "distinct", "published", "deadLettered", "pending", "duplicates",
     "missing", "missingDeadLetters", "unexpected", "orderViolations",
@@ -572,6 +578,7 @@ def render_audit(doc: Mapping[str, Any], now: datetime) -> str:
         f"unexpected {show(last.get('unexpected'))}, order violations "
         f"{show(last.get('orderViolations'))}, invalid records without a dead letter "
         f"{show(last.get('missingDeadLetters') or 0)}"
+        + "".join(f", {k} {show(last[k])}" for k in AUDIT_EXTRA_COUNTS if k in last)
     )
     totals = doc.get("totals") or {}
     parts = doc.get("partitions") or []

@@ -382,3 +382,15 @@ def test_a_missing_kubeconfig_is_one_line_and_exit_3(
     assert exc.value.code == ctl.UNREACHABLE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dedupctl: kubeconfig ")
+
+
+def test_audit_shows_the_counts_the_audit_adds_when_present() -> None:
+    body = pipeline()
+    body["status"]["lastReconciliation"].update(contentMismatches=2, unverifiable=0, passed=False)
+    doc = ctl_view.audit_doc(body, None)
+    assert (doc["last"]["contentMismatches"], doc["last"]["unverifiable"]) == (2, 0)
+    text = ctl_view.render_audit(doc, NOW)
+    assert "audit FAILED" in text and "contentMismatches 2, unverifiable 0" in text
+    # the status document's schema stays as pinned
+    p = ctl_view.pipeline_doc(body)
+    assert set(p["lastReconciliation"]) == AUDIT_KEYS
