@@ -60,6 +60,7 @@ class WatchedKind:
         list_call: Callable[..., Any],
         namespace: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        on_change: Callable[[Obj], None] | None = None,
     ) -> None:
         self.what = what
         self._list = list_call
@@ -73,6 +74,9 @@ class WatchedKind:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lists = 0  # how many times the kind was listed (relists included)
+        # called with each object as it is listed, added or modified (in this thread):
+        # e.g. the Lease clock sees a node's renewal when it happens, not at the next pass
+        self._on_change = on_change
 
     # ----------------------------------------------------------------- readers
     def items(self) -> dict[str, Obj] | None:
@@ -143,10 +147,20 @@ class WatchedKind:
         self._stop.wait(wait_s or BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
         return failures + 1
 
+    def _changed(self, obj: Obj) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(obj)
+        except Exception as exc:  # the callback's problem must not break the watch
+            log.warning("watching %s: on_change: %s: %s", self.what, type(exc).__name__, exc)
+
     def _relist(self) -> str:
         response = self._list(*self._args, _preload_content=False, _request_timeout=30)
         body = json.loads(response.data)
         items = {o["metadata"]["name"]: o for o in body.get("items") or []}
+        for obj in items.values():
+            self._changed(obj)
         with self._lock:
             now = self._monotonic()
             if not self._synced:
@@ -185,6 +199,8 @@ class WatchedKind:
                         self._items[obj["metadata"]["name"]] = obj
                     elif kind == "DELETED":
                         self._items.pop(obj["metadata"]["name"], None)
+                if kind in ("ADDED", "MODIFIED"):
+                    self._changed(obj)
         finally:
             response.close()
             response.release_conn()

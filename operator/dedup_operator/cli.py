@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dedup_operator import handlers
     from dedup_operator.kube import Kube
-    from dedup_operator.reconcile import ReconcileSettings
+    from dedup_operator.reconcile import ReconcileSettings, observe_heartbeat
 
     namespaces: list[str] = list(args.namespace)
     api, problem = _preflight(args.kubeconfig, namespaces if not args.all_namespaces else [])
@@ -205,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER
     kube = Kube(api)  # type: ignore[arg-type]
-    kube.watch_cluster()  # Nodes, node Leases, VolumeAttachments: watched, not listed per pass
+    # Nodes, node Leases, VolumeAttachments: watched, not listed per pass; each node
+    # heartbeat noted as it happens
+    kube.watch_cluster(on_heartbeat=observe_heartbeat)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
     if not args.no_leader_election:

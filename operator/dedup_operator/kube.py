@@ -82,9 +82,12 @@ class Kube:
         # ran (dedup_operator.cache); each read falls back to a list while one is not synced.
         self._watched: dict[str, WatchedKind] = {}
 
-    def watch_cluster(self, wait_s: float = 10.0) -> None:
+    def watch_cluster(
+        self, wait_s: float = 10.0, on_heartbeat: Callable[[Obj], None] | None = None
+    ) -> None:
         """Follow Nodes, node Leases and VolumeAttachments by watch from now on, so that a
-        pass reads them from memory (its requests do not grow with the cluster)."""
+        pass reads them from memory (its requests do not grow with the cluster);
+        `on_heartbeat(lease)` is called as each node Lease is renewed."""
         if self._watched:
             return
         self._watched = {
@@ -93,6 +96,7 @@ class Kube:
                 f"leases in {NODE_LEASE_NAMESPACE}",
                 self.coordination.list_namespaced_lease,
                 NODE_LEASE_NAMESPACE,
+                on_change=on_heartbeat,
             ),
             "volumeattachments": WatchedKind(
                 "volumeattachments", self.storage.list_volume_attachment

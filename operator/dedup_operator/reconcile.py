@@ -169,6 +169,13 @@ def reconcile(
         return status
 
 
+def observe_heartbeat(lease: Mapping[str, Any]) -> None:
+    """A node Lease as the watch delivers it: its renewal noted on the Lease clock when it
+    happens, not at the next pass (up to an interval later, which would be added to every
+    node-loss judgement)."""
+    lease_view(lease, _lease_clock)
+
+
 def watch_leases(kube: Kube, namespace: str, name: str) -> None:
     """A standby replica's pass: read the pipeline's partition Leases and the node
     heartbeats only to remember when each changed (the Lease clock and the unbroken

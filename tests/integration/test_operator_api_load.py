@@ -148,7 +148,8 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
         assert listed[("GET", path)] == PASSES, (path, listed)
 
     watching, pool = counted_kube(kube)
-    watching.watch_cluster()
+    heartbeats: set[str] = set()  # node Leases as the watch delivered them
+    watching.watch_cluster(on_heartbeat=lambda lease: heartbeats.add(lease["metadata"]["name"]))
     try:
         passes(watching)()
         few = pool.during(passes(watching))
@@ -159,6 +160,7 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
             "the watch to see 50 registered nodes",
         )
         many = pool.during(passes(watching))
+        assert set(made) <= heartbeats, "each node Lease seen by the watch as it was created"
     finally:
         watching.stop_watching()
 
