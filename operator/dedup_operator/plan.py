@@ -160,7 +160,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
             parts[p] = replace(
                 parts[p],
-                last_handover={**d.action.handover.to_status(), "toPod": d.action.pod},
+                last_handover=_completed(d.action.handover.to_status(), d.action.pod),
                 last_failover=rfc3339(now),
             )
     changed = any(
@@ -277,11 +277,35 @@ def _our_attachments(obs: PipelineObservation, node_name: str) -> int:
     )
 
 
+def _completed(handover: Mapping[str, Any], pod: str) -> dict[str, Any]:
+    """status.partitions[].lastHandover as the record persisted before acting: `told`
+    False until the status written after the pass's Events says True (`pipeline_status`).
+    A pass that stopped in between (killed, deposed, a conflict) leaves it False, and the
+    next pass tells the completion then: the Event is posted at least once."""
+    return {**handover, "toPod": pod, "told": False}
+
+
+def _completion_event(p: int, last: Mapping[str, Any]) -> Event:
+    steps = last.get("steps") or {}
+    rolling = last.get("reason") == HandoverReason.SPEC_CHANGED.value
+    return (
+        "Normal",
+        "RollCompleted" if rolling else "FailoverCompleted",
+        f"partition {p}: {last.get('toPod')} is Ready after "
+        f"{float(steps.get('ready', 0.0)):.1f}s "
+        f"({', '.join(f'{k} {float(v):.1f}s' for k, v in steps.items())})",
+    )
+
+
 def _events(p: int, d: Decision, previous: Mapping[str, Any]) -> tuple[Event, ...]:
     """The Events a decision is told by, whatever its action's outcome: a handover
-    begun, completed or cancelled, newly Degraded, or released a new way."""
+    begun, completed or cancelled, newly Degraded, or released a new way; and a
+    completion an earlier pass recorded but did not get to tell."""
     events: list[Event] = []
     action = d.action
+    untold = previous.get("lastHandover") or {}
+    if untold.get("told") is False and not isinstance(action, CompleteHandover):
+        events.append(_completion_event(p, untold))
     if isinstance(action, BeginHandover):
         h = action.handover
         rolling = h.reason == HandoverReason.SPEC_CHANGED
@@ -294,17 +318,7 @@ def _events(p: int, d: Decision, previous: Mapping[str, Any]) -> tuple[Event, ..
             )
         )
     elif isinstance(action, CompleteHandover):
-        h = action.handover
-        rolling = h.reason == HandoverReason.SPEC_CHANGED
-        steps = ", ".join(f"{k} {v:.1f}s" for k, v in h.steps.items())
-        events.append(
-            (
-                "Normal",
-                "RollCompleted" if rolling else "FailoverCompleted",
-                f"partition {p}: {action.pod} is Ready after "
-                f"{h.steps.get('ready', 0.0):.1f}s ({steps})",
-            )
-        )
+        events.append(_completion_event(p, _completed(action.handover.to_status(), action.pod)))
     elif isinstance(action, CancelHandover):
         events.append(("Normal", "FailoverCancelled", f"partition {p}: {action.why}"))
     if d.degraded and not (previous.get("waitingFor") or "").startswith("DEGRADED"):
@@ -384,6 +398,9 @@ def pipeline_status(
     parts = dict(plan.partitions)
     for p, c in counters.items():
         parts[p] = replace(parts[p], lag=c.lag, duplicates=c.duplicates)
+    for p, entry in parts.items():  # this pass has told every completion (plan.steps)
+        if entry.last_handover and entry.last_handover.get("told") is False:
+            parts[p] = replace(entry, last_handover={**entry.last_handover, "told": True})
     entries = [parts[p] for p in range(spec.partitions)]
     degraded = [d.degraded for d in plan.decisions().values() if d.degraded]
     if not obs.topic.ok and obs.topic.reason != "KafkaUnreachable":

@@ -325,13 +325,17 @@ def _fail_over(
         assert lease.spec.lease_transitions == 2
         # the lost node was tainted out-of-service to release the volume
         assert OUT_OF_SERVICE_TAINT in taints(api, lost)
+        # the completion is told at least once: recorded with `told: false` before the
+        # pass acts, a pass stopped before its status (killed, deposed) leaves it to the
+        # next one (plan._completed)
+        wait_for(
+            lambda: (entry(api, ns.name, 0).get("lastHandover") or {}).get("told"),
+            30,
+            "the completion told",
+        )
         reasons = [e[1] for e in events(api, ns.name, "events")]
         assert reasons.count("FailoverStarted") == 1, reasons
-        # Events are not persisted before acting: a pass abandoned after the work (the
-        # restarted operator's leadership check or a version conflict under load) may
-        # leave one untold; what happened is the Lease and the pods checked here.
-        completed = reasons.count("FailoverCompleted")
-        assert completed == 1 or (kill_at is not None and completed == 0), reasons
+        assert reasons.count("FailoverCompleted") >= 1, reasons
         if kill_at is None:  # a killed operator may have tainted but not told
             assert "NodeOutOfService" in reasons
         pods = client.CoreV1Api(api).list_namespaced_pod(ns.name).items

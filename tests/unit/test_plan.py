@@ -222,3 +222,30 @@ def test_the_next_pass_is_due_at_once_after_acting_else_when_a_wait_runs_out() -
     )
     assert isinstance(waiting.steps[0].action, Steady)
     assert waiting.next_pass_in(NOW) == 6.0, "when the old worker's Lease runs out"
+
+
+def test_a_completion_recorded_but_not_told_is_told_by_the_next_pass() -> None:
+    last = {
+        "reason": "NodeLost",
+        "fromEpoch": 1,
+        "fromPod": "events-p0-e1",
+        "fromNode": "n1",
+        "steps": {"fenced": 5.0, "ready": 12.5},
+        "toPod": "events-p0-e2",
+        "told": False,  # persisted before acting; the pass stopped before its status
+    }
+    previous = {"partitions": [{"partition": 0, "lastHandover": last}]}
+    obs = observation(previous=previous)
+    plan = plan_pass(obs, NOW)
+    told = [e for e in plan.steps[0].events if e[1] == "FailoverCompleted"]
+    assert told == [
+        (
+            "Normal",
+            "FailoverCompleted",
+            "partition 0: events-p0-e2 is Ready after 12.5s (fenced 5.0s, ready 12.5s)",
+        )
+    ]
+    status = pipeline_status(obs, plan, {}, [], None, None, NOW)
+    assert status["partitions"][0]["lastHandover"]["told"] is True
+    again = plan_pass(observation(previous=status), NOW)
+    assert not any(e[1] == "FailoverCompleted" for s in again.steps for e in s.events)
