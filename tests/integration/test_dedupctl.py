@@ -1,11 +1,12 @@
-"""`dedupctl` against a real pipeline on the local cluster: the installed command run as
-a person runs it (a subprocess, its output parsed, its exit code checked), every value
-compared with what the cluster holds.
+"""`dedupctl` against a real pipeline on the local cluster whose workers run in
+containers from the built image (what users run): the installed command run as a person
+runs it (a subprocess, its output parsed, its exit code checked), every value compared
+with what the cluster holds.
 
 One pipeline for the module (2 partitions, a scheduled audit, `dedup-operator` as a real
 process), shared by the tests in order: status, a handover (a worker pod deleted) and its
-history, an audit run now through the operator's CronJob, then the errors a person can
-cause, each with its exit code (no such pipeline, no cluster, forbidden, no CRD: a bare
+history, the audit before any run (`audit --now` on a real Spark run is checked in
+test_operator_reconciliation.py), then the errors a person can cause, each with its exit code (no such pipeline, no cluster, forbidden, no CRD: a bare
 API server started beside, in a thread while the pipeline starts).
 """
 
@@ -79,13 +80,13 @@ def dedupctl(
 
 @pytest.fixture(scope="module")
 def pipeline(
-    local_cluster: LocalCluster,
+    container_cluster: LocalCluster,
     kafka: KafkaBroker,
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Pipeline]:
-    assert local_cluster.control_plane is not None
-    local_cluster.control_plane.install_crds(CRD_FILES)
+    assert container_cluster.control_plane is not None
+    container_cluster.control_plane.install_crds(CRD_FILES)
     bare = ControlPlane(with_controllers=False)  # an API server without the CRD
     with ThreadPoolExecutor(1) as pool:
 
@@ -101,16 +102,16 @@ def pipeline(
             for p in range(PARTITIONS):
                 values = [event(i) for i in IDS[p]] + [b"not json"] * MALFORMED[p]
                 produce(kafka.bootstrap, topic, values, partition=p)
-            namespaces = _namespace(local_cluster, request)
+            namespaces = _namespace(container_cluster, request)
             ns = next(namespaces)
             log = tmp_path_factory.mktemp("dedupctl") / "operator.log"
             try:
-                with running_operator(local_cluster.kubeconfig_path, ns.name, log) as op:
+                with running_operator(container_cluster.kubeconfig_path, ns.name, log) as op:
                     body = cluster_pipeline_body(
                         NAME,
                         kafka.bootstrap,
                         topic,
-                        local_cluster.storage_class,
+                        container_cluster.storage_class,
                         PARTITIONS,
                         failover={"nodeLostAfter": "5s", "leaseDuration": "5s"},
                         reconciliation={
@@ -250,34 +251,14 @@ def test_failovers_lists_the_handover_as_status_and_events_tell(pipeline: Pipeli
     assert q1["epoch"] == entry["epoch"] == victim["epoch"] + 1
 
 
-def test_audit_now_runs_the_scheduled_audit_and_reports_it(pipeline: Pipeline) -> None:
+def test_audit_before_any_run_says_so(pipeline: Pipeline) -> None:
+    """`audit --now` against a real Spark run, and `audit` of its result, are checked in
+    test_operator_reconciliation's real scheduled run (one Spark audit fewer here)."""
     settled(pipeline)
     ns, kubeconfig = pipeline.ns.name, pipeline.ns.kubeconfig_path
     before = dedupctl("audit", NAME, "-n", ns, kubeconfig=kubeconfig)
     assert before.returncode == ctl.AUDIT_UNFINISHED, before.stdout  # none yet
     assert "no audit result yet" in before.stdout
-
-    out = dedupctl(
-        "audit", NAME, "--now", "-n", ns, "-o", "json", kubeconfig=kubeconfig, timeout=900
-    )
-    assert out.returncode == 0, (out.stdout, out.stderr)
-    assert "driver" in out.stderr  # the progress shown while it ran
-    doc = json.loads(out.stdout)
-    last = pipeline.body()["status"]["lastReconciliation"]
-    assert doc["last"]["runId"] == last["runId"]
-    total = sum(len(v) for v in IDS.values()) + sum(MALFORMED.values())
-    assert (doc["last"]["passed"], doc["last"]["checked"]) == (True, total)
-    assert (doc["last"]["duplicates"], doc["last"]["missing"]) == (0, 0)
-    assert [q["partition"] for q in doc["partitions"]] == [0, 1]
-    for q in doc["partitions"]:
-        assert q["published"] == len(set(IDS[q["partition"]]))
-    jobs = client.BatchV1Api(pipeline.api).list_namespaced_job(ns).items
-    (job,) = [j for j in jobs if j.metadata.name.startswith(names.reconciliation_job(NAME))]
-    assert job.metadata.owner_references[0].kind == "CronJob"
-
-    table = dedupctl("audit", NAME, "-n", ns, kubeconfig=kubeconfig)
-    assert table.returncode == 0
-    assert table.stdout.startswith(f"{ns}/{NAME}: audit passed")
 
 
 def test_errors_a_person_can_cause_are_one_line_with_an_exit_code(

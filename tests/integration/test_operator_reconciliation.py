@@ -16,6 +16,7 @@ No cron tick is waited for: the schedules never fire during the test.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,11 +26,12 @@ import pytest
 from confluent_kafka import Producer
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from test_dedupctl import dedupctl
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import ExecutorWatch
-from dedup_operator import names
+from dedup_operator import ctl, names
 from dedup_operator.desired import audit as desired_audit
 from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
 from support.cluster_fixtures import ClusterNamespace
@@ -491,6 +493,13 @@ def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
             for p in client.CoreV1Api(api).list_namespaced_pod(ns).items
             if p.metadata.name.startswith("audit-1-")
         }
+        # dedupctl reads the same result (the person's view of it)
+        shown = dedupctl(
+            "audit", name, "-n", ns, "-o", "json", kubeconfig=local_cluster.kubeconfig_path
+        )
+        assert shown.returncode == 0, (shown.stdout, shown.stderr)
+        doc = json.loads(shown.stdout)["last"]
+        assert (doc["runId"], doc["passed"], doc["checked"]) == (lr["runId"], True, 301)
         assert len(watch.seen) >= 2, watch.seen
         for executor, seen in watch.seen.items():
             owners = {owner for kind, owner in seen.owners if kind == "Pod"}
@@ -511,9 +520,24 @@ def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
             headers=first.headers(),
         )
         planted.commit_transaction(30)
-        found, _ = run_audit("audit-2")
+        # the next run started as a person would, `dedupctl audit --now` (a Job from the
+        # CronJob, waited for with its progress): it fails, with the numbers, exit 1
+        now = dedupctl(
+            "audit", name, "--now", "-n", ns, "-o", "json",
+            kubeconfig=local_cluster.kubeconfig_path, timeout=900,
+        )  # fmt: skip
+        assert now.returncode == ctl.AUDIT_FAILED, (now.stdout, now.stderr)
+        assert "driver" in now.stderr  # the progress shown while it ran
+        found = get_pipeline(api, ns, name) or {}
         lr = found["status"]["lastReconciliation"]
+        assert json.loads(now.stdout)["last"]["runId"] == lr["runId"] not in seen_runs
         assert (lr["passed"], lr["duplicates"]) == (False, 1), lr
+        jobs = client.BatchV1Api(api).list_namespaced_job(ns).items
+        assert any(
+            j.metadata.owner_references and j.metadata.owner_references[0].kind == "CronJob"
+            and j.metadata.name not in ("audit-1",)
+            for j in jobs
+        )  # fmt: skip
         healthy = condition(found, "ReconciliationHealthy")
         assert healthy is not None and healthy["status"] == "False"
         assert "1 duplicate" in healthy["message"], healthy
