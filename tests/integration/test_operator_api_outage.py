@@ -26,12 +26,12 @@ import pytest
 from kubernetes import client
 from test_operator_e2e import Traffic, assert_output_exact, pipeline_body, ready_pipeline, topics
 
-from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_operator import names
 from dedup_worker.config import default_consumer_group
+from support.cluster_fixtures import running_cluster
 from support.kafka_fixtures import NewTopic
-from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,12 +44,7 @@ BACK_WITHIN_S = 15.0  # from /readyz answering again to every partition's next c
 
 @pytest.fixture(scope="module")
 def own_cluster() -> Iterator[LocalCluster]:
-    cluster = LocalCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster()
 
 
 def worker_pods(api: client.ApiClient, ns: str) -> dict[str, tuple[str, int, str]]:

@@ -42,25 +42,29 @@ class ClusterNamespace:
         return self.cluster.kubeconfig_path
 
 
-@pytest.fixture(scope="session")
-def local_cluster() -> Iterator[LocalCluster]:
-    cluster = LocalCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES)
+def running_cluster(containers: bool = False) -> Iterator[LocalCluster]:
+    """A started local cluster as the tests use it (3 nodes in 3 zones, fast timings, the
+    repo's CRDs), stopped afterwards: the body of every cluster fixture."""
+    if containers:
+        ensure_image()
+    cluster = LocalCluster(
+        nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES, containers=containers
+    )
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    yield from running_cluster()
 
 
 @pytest.fixture(scope="session")
 def container_cluster() -> Iterator[LocalCluster]:
-    ensure_image()
-    cluster = LocalCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES, containers=True)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster(containers=True)
 
 
 @pytest.fixture
