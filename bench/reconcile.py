@@ -14,8 +14,9 @@ topics through Spark's Kafka source and the worker's id rules, to a no-op sink) 
 whole audit; computing = audit - reading. A first run on the fresh JVM (JIT, Python
 workers) is printed as `cold`; then three runs, of which the median is reported.
 Baseline: one Python process reading the same topics with confluent-kafka (read
-committed), extracting ids with the same `dedup_worker.ids`, and running the same
-`dedup_spark.audit.audit_partition` per partition. Both must report the same counts.
+committed), extracting ids with the same `dedup_worker.ids` and content digests with the
+same `source.content_digest`, and running the same `dedup_spark.audit.audit_partition`
+per partition. Both must report the same counts.
 Prints input records audited per second of wall time, records read per second (input,
 output and dead letters: every record the audit reads and checks), and the ratio.
 Target: >= 200,000 input records/s on `local[2]`.
@@ -40,7 +41,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_spark import audit, reconcile
-from dedup_spark.source import KafkaSource, read_topic, with_ids
+from dedup_spark.source import KafkaSource, content_digest, read_topic, with_ids
 from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 
@@ -186,21 +187,29 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
     outputs: dict[int, list[audit.OutputRecord]] = defaultdict(list)
     dead: dict[int, list[audit.DeadLetter]] = defaultdict(list)
     for msg in _read(kafka, f"{name}-in", partitions):
+        digest = content_digest(msg.key(), msg.value(), msg.headers())
         try:
             rec = audit.InputRecord(
                 msg.offset(),
                 msg.timestamp()[1],
                 extract_id(SPEC, msg.key(), msg.value(), msg.headers()),
+                digest=digest,
             )
         except InvalidRecord as bad:
-            rec = audit.InputRecord(msg.offset(), msg.timestamp()[1], None, bad.reason)
+            rec = audit.InputRecord(msg.offset(), msg.timestamp()[1], None, bad.reason, digest)
         inputs[msg.partition()].append(rec)
     for msg in _read(kafka, f"{name}-out", partitions):
+        headers = msg.headers()
+        own = headers[:-1] if headers and headers[-1][0] == ID_HEADER else headers
         try:
-            mid: str | None = extract_id(SPEC, msg.key(), msg.value(), msg.headers())
+            mid: str | None = extract_id(SPEC, msg.key(), msg.value(), headers)
         except InvalidRecord:
             mid = None
-        outputs[msg.partition()].append(audit.OutputRecord(msg.offset(), msg.timestamp()[1], mid))
+        outputs[msg.partition()].append(
+            audit.OutputRecord(
+                msg.offset(), msg.timestamp()[1], mid, content_digest(msg.key(), msg.value(), own)
+            )
+        )
     for msg in _read(kafka, f"{name}-dlq", partitions):
         headers = {k: v for k, v in msg.headers() or []}
         origin = int(headers[DLQ_PARTITION] or b"-1")
