@@ -1,9 +1,15 @@
-"""One level-based reconcile pass over a DedupPipeline.
+"""One level-based reconcile pass over a DedupPipeline: observe → decide → act → report.
 
-Reads what the cluster holds, decides per partition with `failover.partition_action`,
-persists the handover records into status *before* acting, carries out each action,
-and writes the status (with counters scraped from the workers' /metrics). Running it
-twice changes nothing; an operator killed anywhere resumes from the cluster's state.
+- observe (`_observe`): the pipeline's pods, Leases and PVCs, the input topic (cached),
+  and the cluster's Nodes, node heartbeats and VolumeAttachments (watched: cache.py);
+- decide (`plan.plan_pass`, pure): every partition with `failover.partition_action`, and
+  what must be persisted first;
+- act (`_act`): the handover records (and nodes about to be tainted) into status
+  *before* any action, then each action with its Events;
+- report (`_report`): the status, with counters scraped from the workers' /metrics.
+
+Running it twice changes nothing; an operator killed anywhere resumes from the cluster's
+state.
 
 Optimistic concurrency: every write to the pipeline (status, its finalizer) carries the
 resourceVersion the pass read at its start (then that of its own last write), so a pass
@@ -263,7 +269,7 @@ def _reconcile(
     obs = _observe(kube, spec, body, claims, record, settings, memory)
     the_plan = plan_pass(obs, now)
     memory.next_pass_in = the_plan.next_pass_in(now)
-    # the pipeline's version this pass decided on; each of its own writes moves it on
+    # `version`: the pipeline's resourceVersion after the pass's own writes (each moves it on)
     version, tainted = _act(kube, spec, meta, the_plan, record)
     return _report(
         kube, spec, owner, obs, the_plan, tainted, version, record, settings, memory, now
