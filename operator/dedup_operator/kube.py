@@ -83,11 +83,13 @@ class Kube:
         self._watched: dict[str, WatchedKind] = {}
 
     def watch_cluster(
-        self, wait_s: float = 10.0, on_heartbeat: Callable[[Obj], None] | None = None
+        self, wait_s: float = 0.0, on_heartbeat: Callable[[Obj], None] | None = None
     ) -> None:
         """Follow Nodes, node Leases and VolumeAttachments by watch from now on, so that a
         pass reads them from memory (its requests do not grow with the cluster);
-        `on_heartbeat(lease)` is called as each node Lease is renewed."""
+        `on_heartbeat(lease)` is called as each node Lease is renewed. Waits up to `wait_s`
+        for the first lists; the operator does not wait (a pass lists directly until then,
+        and a slow start would delay its leader election)."""
         if self._watched:
             return
         self._watched = {

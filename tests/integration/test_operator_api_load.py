@@ -149,7 +149,9 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
 
     watching, pool = counted_kube(kube)
     heartbeats: set[str] = set()  # node Leases as the watch delivered them
-    watching.watch_cluster(on_heartbeat=lambda lease: heartbeats.add(lease["metadata"]["name"]))
+    watching.watch_cluster(
+        wait_s=30, on_heartbeat=lambda lease: heartbeats.add(lease["metadata"]["name"])
+    )
     try:
         passes(watching)()
         few = pool.during(passes(watching))

@@ -36,7 +36,7 @@ def test_leader_and_standby_are_both_live_and_ready(
             spec = leases.read_namespaced_lease(LEASE_NAME, ns).spec
             return spec.holder_identity if spec is not None else None
 
-        leader = wait_for(holder, 30, "a leader")
+        leader = wait_for(holder, 90, "a leader")
         pids = {a.process.pid, b.process.pid}
         assert int(leader.rsplit("-", 1)[1]) in pids
         # the standby is Ready all the same (a rolling update counts it as available)

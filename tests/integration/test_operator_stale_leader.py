@@ -137,7 +137,7 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
     monkeypatch.delenv("DEDUP_TEST_FAULTS")
     b_ctx = None
     try:
-        first = wait_for(holder, 30, "a leader")
+        first = wait_for(holder, 90, "a leader")
         assert first.endswith(f"-{a.process.pid}"), first
         b_ctx = running_operator(kubeconfig, ns, tmp_path / "b.log", interval=0.5)
         b = b_ctx.__enter__()
@@ -166,7 +166,7 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
         # the other replica takes over and does the whole handover
         wait_for(
             lambda: (h := holder()) is not None and h.endswith(f"-{b.process.pid}"),
-            30,
+            60,
             "the standby to lead",
             every=0.2,
         )
@@ -184,7 +184,7 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
         os.kill(a.process.pid, signal.SIGCONT)
         wait_for(
             lambda: "abandoned" in a.log(),
-            30,
+            60,
             "the resumed replica to abandon its stale pass",
             every=0.2,
         )
