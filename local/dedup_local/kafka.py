@@ -730,8 +730,20 @@ def committed_offsets(
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
     )
+    deadline = time.monotonic() + 60
     try:
-        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
-        return [int(tp.offset) for tp in found]
+        while True:  # a busy broker (the suite's groups side by side) may answer late
+            try:
+                found = consumer.committed(
+                    [TopicPartition(topic, p) for p in partitions], timeout=10
+                )
+                return [int(tp.offset) for tp in found]
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retriable = isinstance(err, KafkaError) and (
+                    err.retriable() or err.code() == KafkaError._TIMED_OUT
+                )
+                if not retriable or time.monotonic() > deadline:
+                    raise
     finally:
         consumer.close()
