@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -254,9 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     except Exception as exc:
         log.error("dedup-operator failed: %s: %s", type(exc).__name__, exc)
-        return EXIT_FAILED
+        _exit_now(EXIT_FAILED)
     log.info("dedup-operator stopped")
-    return EXIT_OK
+    _exit_now(EXIT_OK)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process once the logs are flushed, without interpreter finalization: the
+    watch threads (cache.py) are daemons blocked on their streams, and one writing a
+    log line while the interpreter finalizes aborts it (SIGABRT, seen in the suite)
+    instead of exiting with `code`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
