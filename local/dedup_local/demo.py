@@ -343,6 +343,33 @@ def operator_logs(cluster: LocalCluster) -> str:
     )
 
 
+def worker_logs(cluster: LocalCluster) -> str:
+    pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
+    return "".join(
+        f"--- {pod}\n{cluster.pod_log(NAMESPACE, pod.split('/')[-1])[-1500:]}" for pod in pods
+    )
+
+
+def diagnosis(cluster: LocalCluster) -> str:
+    """What the pipeline waits for, in a few lines: its conditions, each partition's
+    entry, the pods and the namespace's latest events (printed last on a failure, so a
+    truncated log still shows it)."""
+    status = pipeline_status(cluster)
+    lines = [
+        f"condition {c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+        for c in status.get("conditions") or []
+    ]
+    lines += [f"partition {json.dumps(entry)}" for entry in status.get("partitions") or []]
+    for args in (
+        ("get", "pods,pvc", "-n", NAMESPACE, "-o", "wide"),
+        ("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide"),
+        ("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp"),
+    ):
+        out = cluster.kubectl(*args, check=False)
+        lines.append(f"$ kubectl {' '.join(args)}\n{(out.stdout + out.stderr)[-2500:]}")
+    return "\n".join(lines)
+
+
 def pipeline_status(cluster: LocalCluster) -> dict[str, Any]:
     out = cluster.kubectl("get", "dp", PIPELINE, "-n", NAMESPACE, "-o", "json", check=False)
     if out.returncode != 0:
@@ -436,7 +463,7 @@ def run(png: Path) -> int:
             monitor = Monitor(cluster.kubeconfig_path, kafka.bootstrap, t0)
             stack.callback(monitor.stop)
             monitor.start()
-            wait_for(lambda: ready(cluster), 240, "the pipeline to be Ready")
+            wait_for(lambda: ready(cluster), 420, "the pipeline to be Ready")
             say(f"pipeline Ready after {time.monotonic() - t0:.1f}s")
             say(cluster.kubectl("get", "pods,pvc,leases", "-n", NAMESPACE, "-o", "wide").stdout)
             dedupctl(cluster, "status", PIPELINE)
@@ -486,6 +513,8 @@ def run(png: Path) -> int:
             audit_rc = dedupctl(cluster, "audit", PIPELINE, "--now", timeout=1200)
         except Exception:
             say("operator logs (tail):\n" + operator_logs(cluster))
+            say("worker logs (tail):\n" + worker_logs(cluster))
+            say("diagnosis:\n" + diagnosis(cluster))
             raise
 
         out = kafka.read_committed("events-deduped")
