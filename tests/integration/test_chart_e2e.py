@@ -18,14 +18,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from test_operator_e2e import (
-    Traffic,
-    _wait_untainted,
-    assert_output_exact,
-    partition_entry,
-    ready_pipeline,
-    topics,
-)
 
 from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
 from dedup_local.cluster import LocalCluster
@@ -34,6 +26,14 @@ from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import wait_for
+from support.pipeline_traffic import (
+    Traffic,
+    assert_output_exact,
+    partition_entry,
+    ready_pipeline,
+    topics,
+    wait_untainted,
+)
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import output_ids
 
@@ -127,7 +127,7 @@ def test_helm_install_failover_upgrade_uninstall(
         assert after["epoch"] == before["epoch"] + 1
         assert_output_exact(kafka.bootstrap, topic, traffic)
         cluster.restart(lost)
-        _wait_untainted(cluster, lost)
+        wait_untainted(cluster, lost)
         lost = None
 
         # An upgrade with a changed value rolls the operator, not the workers.

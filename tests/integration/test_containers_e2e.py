@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from test_operator_e2e import _lose_a_node_during_traffic, topics
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
+from support.pipeline_traffic import lose_a_node_during_traffic, topics
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_node_loss_moves_a_containerised_worker_with_its_volume(
     tmp_path: Path,
 ) -> None:
     topic = topics(kafka, new_topic, 2)
-    _lose_a_node_during_traffic(
+    lose_a_node_during_traffic(
         container_cluster, container_namespace.name, kafka, topic, tmp_path, None
     )
     # Every worker that ran, the replacement included, ran in a container from the image.

@@ -34,7 +34,9 @@ from dedup_operator import ctl, names
 from support.cluster_fixtures import ClusterNamespace, _namespace
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (
+    DEDUPCTL,
     OperatorProcess,
+    dedupctl,
     free_port,
     get_pipeline,
     running_operator,
@@ -50,7 +52,6 @@ PARTITIONS = 2
 NEVER = "0 0 1 1 *"  # once a year: the audit runs only when asked
 IDS = {0: [f"a-{i % 150}" for i in range(200)], 1: [f"b-{i % 100}" for i in range(180)]}
 MALFORMED = {0: 2, 1: 1}  # dead-lettered per partition
-DEDUPCTL = str(Path(sys.executable).parent / "dedupctl")
 
 
 @dataclass
@@ -68,14 +69,6 @@ class Pipeline:
         found = get_pipeline(self.api, self.ns.name, NAME)
         assert found is not None
         return found
-
-
-def dedupctl(
-    *args: str, kubeconfig: Path | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    cmd = [DEDUPCTL, *args] + ([] if kubeconfig is None else ["--kubeconfig", str(kubeconfig)])
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from test_operator_e2e import Traffic, assert_output_exact, pipeline_body, ready_pipeline, topics
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, committed_offsets
@@ -33,6 +32,13 @@ from dedup_worker.config import default_consumer_group
 from support.cluster_fixtures import running_cluster
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
+from support.pipeline_traffic import (
+    Traffic,
+    assert_output_exact,
+    pipeline_body,
+    ready_pipeline,
+    topics,
+)
 
 pytestmark = pytest.mark.integration
 

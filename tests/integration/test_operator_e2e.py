@@ -17,20 +17,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from kubernetes import client
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
-from dedup_local.kafka import produce_all as kafka_produce_all
 from dedup_operator import names
-from dedup_operator.observed import parse_time
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
@@ -42,27 +37,20 @@ from support.operator_helpers import (
     wait_for,
     wait_for_event,
 )
-from support.pipelines import cluster_pipeline_body
-from support.worker_helpers import event, output_ids
+from support.pipeline_traffic import (
+    Traffic,
+    assert_output_exact,
+    dump_pipeline,
+    lose_a_node_during_traffic,
+    partition_entry,
+    pipeline_body,
+    ready_pipeline,
+    topics,
+    wait_untainted,
+)
+from support.worker_helpers import output_ids
 
 pytestmark = pytest.mark.integration
-
-NODE_LOST_AFTER_S = 5
-LEASE_S = 5
-
-
-def pipeline_body(
-    name: str, bootstrap: str, topic: str, partitions: int, storage_class: str
-) -> dict[str, Any]:
-    return cluster_pipeline_body(
-        name,
-        bootstrap,
-        topic,
-        storage_class,
-        partitions,
-        worker={"batchSize": 200, "lingerMs": 20},
-        failover={"nodeLostAfter": f"{NODE_LOST_AFTER_S}s", "leaseDuration": f"{LEASE_S}s"},
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -70,133 +58,6 @@ def _crd_installed(local_cluster: LocalCluster) -> None:
     """The DedupPipeline CRD on the local cluster (server-side apply: idempotent)."""
     assert local_cluster.control_plane is not None
     local_cluster.control_plane.install_crds(CRD_FILES)
-
-
-def topics(kafka: KafkaBroker, new_topic: NewTopic, partitions: int) -> str:
-    topic = new_topic(partitions=partitions)
-    kafka.create_topic(f"{topic}-out", partitions)
-    kafka.create_topic(f"{topic}-dlq", partitions)
-    return topic
-
-
-class Traffic:
-    """Produces ids to every partition, every third one a repeat of an earlier id of the
-    same partition, until stopped; remembers the unique ids per partition in order."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int, per_batch: int = 50) -> None:
-        self.topic, self.partitions = topic, partitions
-        self.per_batch = per_batch
-        self.unique: dict[int, list[str]] = {p: [] for p in range(partitions)}
-        self.sent = 0
-        self.duplicates = 0
-        self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._n = 0
-
-    def batch(self) -> None:
-        records = []
-        for p in range(self.partitions):
-            for _ in range(self.per_batch):
-                self._n += 1
-                ids = self.unique[p]
-                if self._n % 3 == 0 and ids:
-                    value = event(ids[(self._n * 7) % len(ids)], self._n)
-                    self.duplicates += 1
-                else:
-                    new_id = f"p{p}-{self._n}"
-                    ids.append(new_id)
-                    value = event(new_id, self._n)
-                records.append({"value": value, "partition": p})
-        self.sent += kafka_produce_all(self._producer, self.topic, records, timeout_s=60)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.batch()
-            self._stop.wait(0.2)
-
-    @contextmanager
-    def running(self) -> Iterator[Traffic]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join(timeout=60)
-            self.close()
-
-    def close(self) -> None:
-        if hasattr(self, "_producer"):
-            self._producer.flush(10)
-            del self._producer  # no reconnect attempts once the broker is gone
-
-
-def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: float = 90) -> None:
-    for p, expected in traffic.unique.items():
-
-        def caught_up(p: int = p, n: int = len(expected)) -> list[str] | None:
-            got = output_ids(bootstrap, f"{topic}-out", p)
-            return got if len(got) >= n else None
-
-        got = wait_for(caught_up, timeout, f"partition {p}'s output to catch up", every=2)
-        assert got == expected, (
-            f"partition {p}: {len(got)} output ids, {len(expected)} expected; "
-            f"duplicates {len(got) - len(set(got))}, missing {len(set(expected) - set(got))}"
-        )
-
-
-def ready_pipeline(api: client.ApiClient, ns: str, name: str, partitions: int) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        p = get_pipeline(api, ns, name)
-        c = condition(p, "Ready")
-        if p and c and c["status"] == "True" and p["status"].get("readyPartitions") == partitions:
-            return p
-        return None
-
-    return wait_for(ready, 180, f"{name} to be Ready with {partitions} partitions", every=1)
-
-
-def partition_entry(api: client.ApiClient, ns: str, name: str, p: int) -> dict[str, Any]:
-    found = get_pipeline(api, ns, name) or {}
-    for entry in (found.get("status") or {}).get("partitions") or []:
-        if entry["partition"] == p:
-            return dict(entry)
-    return {}
-
-
-def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[str, Any] | None:
-    for line in local_cluster.pod_log(ns, pod).splitlines():
-        if '"worker ready"' in line:
-            parsed: dict[str, Any] = json.loads(line)
-            return parsed
-    return None
-
-
-def _wait_untainted(local_cluster: LocalCluster, node_name: str) -> None:
-    def untainted() -> bool:
-        node = client.CoreV1Api(local_cluster.api_client()).read_node(node_name)
-        keys = {t.key for t in node.spec.taints or []}
-        return "node.kubernetes.io/out-of-service" not in keys
-
-    wait_for(untainted, 60, f"the operator to remove {node_name}'s out-of-service taint")
-
-
-def _dump(local_cluster: LocalCluster, ns: str) -> None:
-    """What a person would look at when a partition does not move."""
-    print(
-        local_cluster.kubectl("get", "pods,volumeattachments,nodes", "-n", ns, "-o", "wide").stdout
-    )
-    print(
-        json.dumps(
-            (get_pipeline(local_cluster.api_client(), ns, "events") or {}).get("status"), indent=1
-        )
-    )
-    pods = client.CoreV1Api(local_cluster.api_client()).list_namespaced_pod(ns).items
-    for pod in pods:
-        print(f"--- {pod.metadata.name} on {pod.spec.node_name}: {pod.status.phase}")
-        print(local_cluster.pod_log(ns, pod.metadata.name)[-1500:])
 
 
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
@@ -271,125 +132,6 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
         )
 
 
-def _lose_a_node_during_traffic(
-    local_cluster: LocalCluster,
-    ns: str,
-    kafka: KafkaBroker,
-    topic: str,
-    tmp_path: Path,
-    kill_operator_at: str | None,
-) -> None:
-    api = local_cluster.api_client()
-    log = tmp_path / "operator.log"
-    op_ctx = running_operator(local_cluster.kubeconfig_path, ns, log)
-    op = op_ctx.__enter__()
-    lost: str | None = None
-    try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
-            ns,
-            names.PLURAL,
-            pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class),
-        )
-        ready_pipeline(api, ns, "events", 2)
-        traffic = Traffic(kafka.bootstrap, topic, 2)
-        with traffic.running():
-            published_before = wait_for(
-                lambda: (n := len(output_ids(kafka.bootstrap, f"{topic}-out", 0))) >= 300 and n,
-                90,
-                "partition 0's worker to publish some output",
-                every=1,
-            )
-            before = partition_entry(api, ns, "events", 0)
-            lost = before["node"]
-            killed_at = time.monotonic()
-            local_cluster.kill(lost)
-            print(f"killed {lost} running {before['pod']} ({published_before} ids published)")
-            if kill_operator_at is not None:
-
-                def at_step() -> bool:
-                    h = partition_entry(api, ns, "events", 0).get("handover") or {}
-                    return kill_operator_at in (h.get("steps") or {})
-
-                wait_for(at_step, 60, f"the handover to reach {kill_operator_at}", every=0.2)
-                op.kill()
-                op_ctx.__exit__(None, None, None)
-                print(f"operator killed at {kill_operator_at}; restarting it")
-                op_ctx = running_operator(local_cluster.kubeconfig_path, ns, log)
-                op = op_ctx.__enter__()
-
-            def moved() -> dict[str, Any] | None:
-                e = partition_entry(api, ns, "events", 0)
-                ok = e.get("ready") and e.get("node") not in (None, lost) and not e.get("handover")
-                return e if ok else None
-
-            try:
-                after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
-            except AssertionError:
-                _dump(local_cluster, ns)
-                raise
-            took = time.monotonic() - killed_at
-            sent = traffic.sent
-            wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
-        # traffic stopped
-        print(f"partition 0 moved to {after['node']} as {after['pod']} after {took:.1f}s")
-        last = after.get("lastHandover") or {}
-        print(f"handover steps: {last.get('steps')}")
-        node = client.CoreV1Api(api).read_node(lost)
-        ready_cond = next(c for c in node.status.conditions if c.type == "Ready")
-        noticed = ready_cond.last_transition_time  # when Kubernetes saw the node go
-        handover_started = parse_time(last["started"])
-        assert handover_started is not None
-        detection = (handover_started - noticed).total_seconds()
-        after_notice = detection + last["steps"]["ready"]
-        print(
-            f"node NotReady -> decision {detection:.1f}s, -> replacement Ready "
-            f"{after_notice:.1f}s; kill -> Ready {took:.1f}s"
-        )
-        assert after["epoch"] == before["epoch"] + 1
-        assert after["pod"] == f"events-p0-e{before['epoch'] + 1}"
-        assert last.get("reason") == "NodeLost"
-        pod = client.CoreV1Api(api).read_namespaced_pod(after["pod"], ns)
-        claims = [
-            v.persistent_volume_claim.claim_name
-            for v in pod.spec.volumes
-            if v.persistent_volume_claim
-        ]
-        assert claims == ["events-p0"]
-        try:
-            ready = wait_for(
-                lambda: worker_ready_line(local_cluster, ns, after["pod"]), 60, "worker ready"
-            )
-        except AssertionError:
-            raise AssertionError(
-                f"no 'worker ready' line in {after['pod']}'s log: "
-                f"{local_cluster.pod_log(ns, after['pod'])[-3000:]}"
-            ) from None
-        print(f"replacement worker ready: {ready}")
-        # Store intact: the replacement re-applied at most the few ids published after the
-        # store's last write, not the partition's whole output (a rebuild).
-        assert ready["store_keys"] > 0, ready
-        assert ready["recovered_ids"] < published_before, ready
-        assert_output_exact(kafka.bootstrap, topic, traffic)
-        if kill_operator_at is None:
-            # from the node being seen NotReady (kube-controller-manager's grace period
-            # after the kill comes before that and is the cluster's, not the operator's)
-            bound = NODE_LOST_AFTER_S + LEASE_S + 15
-            assert after_notice <= bound, f"failover took {after_notice:.1f}s > {bound}s"
-        completed = [e for e in events(api, ns, "events") if e[1] == "FailoverCompleted"]
-        assert len(completed) == 1, completed
-    finally:
-        try:
-            if lost is not None:
-                local_cluster.restart(lost)
-                # The operator takes the out-of-service taint off the rebooted node; a
-                # node left tainted would leave later tests fewer nodes to schedule on.
-                _wait_untainted(local_cluster, lost)
-        finally:
-            op_ctx.__exit__(None, None, None)
-
-
 def test_node_loss_moves_the_partition_with_its_volume(
     local_cluster: LocalCluster,
     cluster_namespace: ClusterNamespace,
@@ -398,7 +140,7 @@ def test_node_loss_moves_the_partition_with_its_volume(
     tmp_path: Path,
 ) -> None:
     topic = topics(kafka, new_topic, 2)
-    _lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, None)
+    lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, None)
 
 
 @pytest.mark.parametrize("step", ["fenced", "released", "started"])
@@ -413,7 +155,7 @@ def test_operator_killed_mid_failover_completes_it_once(
     """SIGKILL the operator as soon as the handover records `step`, start a new one:
     the failover completes exactly once (one FailoverCompleted Event, epoch + 1)."""
     topic = topics(kafka, new_topic, 2)
-    _lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, step)
+    lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, step)
 
 
 def _log_lines(local_cluster: LocalCluster, ns: str, pod: str) -> list[dict[str, Any]]:
@@ -518,7 +260,7 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
         if cut is not None:
             # Healed and Ready, holding none of the pipeline's volumes: the operator takes
             # its out-of-service taint off again.
-            _wait_untainted(local_cluster, cut)
+            wait_untainted(local_cluster, cut)
 
 
 def _taints(local_cluster: LocalCluster, node_name: str) -> set[str]:
@@ -647,7 +389,7 @@ def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_
                 try:
                     after = wait_for(moved, 600, "partition 0 to move after the force-detach", 2)
                 except AssertionError:
-                    _dump(local_cluster, ns)
+                    dump_pipeline(local_cluster, ns)
                     raise
             took = time.monotonic() - killed_at
             last = after.get("lastHandover") or {}
@@ -724,7 +466,7 @@ def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainte
                     try:
                         after = wait_for(moved, 120, "partition 0's replacement", every=0.5)
                     except AssertionError:
-                        _dump(local_cluster, ns)
+                        dump_pipeline(local_cluster, ns)
                         raise
                     sent = traffic.sent
                     wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")

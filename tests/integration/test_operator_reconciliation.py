@@ -26,7 +26,6 @@ import pytest
 from confluent_kafka import Producer
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from test_dedupctl import dedupctl
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
@@ -39,6 +38,7 @@ from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (
     condition,
+    dedupctl,
     events,
     get_pipeline,
     running_operator,

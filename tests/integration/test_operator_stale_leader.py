@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from test_operator_failover import Kubelets, entry, pipeline
 from urllib3.exceptions import ProtocolError
 
 from dedup_local.kafka import KafkaBroker
@@ -36,6 +35,7 @@ from dedup_operator.leader import LEASE_NAME
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
+from support.simulated_kubelets import Kubelets, entry, pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -1,10 +1,14 @@
 """Run `dedup-operator` as a real process against a test cluster (dedup_local.operator_process),
-and small waits."""
+`dedupctl` as a person runs it, and small waits."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
@@ -18,6 +22,17 @@ from dedup_local.operator_process import running_operator as running_operator
 from dedup_operator import names
 
 T = TypeVar("T")
+
+DEDUPCTL = str(Path(sys.executable).parent / "dedupctl")
+
+
+def dedupctl(
+    *args: str, kubeconfig: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The installed `dedupctl` in a subprocess, without the caller's KUBECONFIG."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    cmd = [DEDUPCTL, *args] + ([] if kubeconfig is None else ["--kubeconfig", str(kubeconfig)])
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
