@@ -35,6 +35,7 @@ from support.operator_helpers import events, get_pipeline, running_operator, wai
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
+    create_pipeline,
     pipeline_body,
     ready_pipeline,
     topics,
@@ -84,11 +85,9 @@ def test_api_server_stopped_30s_no_restart_no_handover_exact_output(
     topic = topics(kafka, new_topic, PARTITIONS)
     group = default_consumer_group("events")
     with running_operator(own_cluster.kubeconfig_path, ns, tmp_path / "operator.log") as op:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
+        create_pipeline(
+            api,
             ns,
-            names.PLURAL,
             pipeline_body("events", kafka.bootstrap, topic, PARTITIONS, own_cluster.storage_class),
         )
         ready_pipeline(api, ns, "events", PARTITIONS)

@@ -40,6 +40,7 @@ from support.operator_helpers import (
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
+    create_pipeline,
     dump_pipeline,
     lose_a_node_during_traffic,
     partition_entry,
@@ -72,12 +73,8 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
     topic = topics(kafka, new_topic, 4)
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log") as op:
         t0 = time.monotonic()
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
-            ns,
-            names.PLURAL,
-            pipeline_body("events", kafka.bootstrap, topic, 4, local_cluster.storage_class),
+        create_pipeline(
+            api, ns, pipeline_body("events", kafka.bootstrap, topic, 4, local_cluster.storage_class)
         )
         found = ready_pipeline(api, ns, "events", 4)
         print(f"pipeline Ready after {time.monotonic() - t0:.1f}s")
@@ -190,12 +187,8 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
     topic = topics(kafka, new_topic, 2)
     cut: str | None = None
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
-            ns,
-            names.PLURAL,
-            pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class),
+        create_pipeline(
+            api, ns, pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class)
         )
         ready_pipeline(api, ns, "events", 2)
         traffic = Traffic(kafka.bootstrap, topic, 2)
@@ -354,9 +347,7 @@ def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_
     body = pipeline_body("events", kafka.bootstrap, topic, 1, local_cluster.storage_class)
     lost: str | None = None
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP, names.VERSION, ns, names.PLURAL, body
-        )
+        create_pipeline(api, ns, body)
         ready_pipeline(api, ns, "events", 1)
         traffic = Traffic(kafka.bootstrap, topic, 1)
         try:
@@ -430,9 +421,7 @@ def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainte
     body["spec"]["failover"]["releaseVolume"] = "External"
     cut: str | None = None
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP, names.VERSION, ns, names.PLURAL, body
-        )
+        create_pipeline(api, ns, body)
         ready_pipeline(api, ns, "events", 2)
         traffic = Traffic(kafka.bootstrap, topic, 2)
         try:

@@ -53,6 +53,12 @@ def pipeline_body(
     )
 
 
+def create_pipeline(api: client.ApiClient, ns: str, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        names.GROUP, names.VERSION, ns, names.PLURAL, body
+    )
+
+
 def topics(kafka: KafkaBroker, new_topic: NewTopic, partitions: int) -> str:
     topic = new_topic(partitions=partitions)
     kafka.create_topic(f"{topic}-out", partitions)
@@ -194,12 +200,8 @@ def lose_a_node_during_traffic(
     op = op_ctx.__enter__()
     lost: str | None = None
     try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            names.GROUP,
-            names.VERSION,
-            ns,
-            names.PLURAL,
-            pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class),
+        create_pipeline(
+            api, ns, pipeline_body("events", kafka.bootstrap, topic, 2, local_cluster.storage_class)
         )
         ready_pipeline(api, ns, "events", 2)
         traffic = Traffic(kafka.bootstrap, topic, 2)
