@@ -14,8 +14,8 @@ topics through Spark's Kafka source and the worker's id rules, to a no-op sink) 
 whole audit; computing = audit - reading. A first run on the fresh JVM (JIT, Python
 workers) is printed as `cold`; then three runs, of which the median is reported.
 Baseline: one Python process reading the same topics with confluent-kafka (read
-committed), extracting ids with the same `dedup_worker.ids` and content digests with the
-same `source.content_digest`, and running the same `dedup_spark.audit.audit_partition`
+committed), extracting ids with the same `dedup_worker.ids` and content digests of its own
+(BLAKE2b; Spark's are the JVM's xxhash64), and running the same `dedup_spark.audit.audit_partition`
 per partition. Both must report the same counts.
 Prints input records audited per second of wall time, records read per second (input,
 output and dead letters: every record the audit reads and checks), and the ratio.
@@ -34,6 +34,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_spark import audit, reconcile
-from dedup_spark.source import KafkaSource, content_digest, read_topic, with_ids
+from dedup_spark.source import KafkaSource, read_topic, with_ids
 from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 
@@ -181,13 +182,28 @@ def run_spark(spark: Any, bootstrap: str, name: str, report: Path) -> dict[str, 
     return {"reading_s": reading, "total_s": total, "totals": summary["totals"]}
 
 
+def plain_digest(
+    key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None
+) -> int:
+    """The plain reader's own content digest (Spark's jobs use the JVM's `xxhash64`,
+    `source.content_digest`): 64 bits of BLAKE2b over the parts, each length-prefixed."""
+    parts = [b"-" if key is None else b"%d:%s" % (len(key), key)]
+    parts.append(b"-" if value is None else b"%d:%s" % (len(value), value))
+    for name, data in headers or ():
+        raw = name.encode()
+        parts.append(b"%d:%s" % (len(raw), raw))
+        parts.append(b"-" if data is None else b"%d:%s" % (len(data), data))
+    digest = blake2b(b"".join(parts), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
 def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
     start = time.perf_counter()
     inputs: dict[int, list[audit.InputRecord]] = defaultdict(list)
     outputs: dict[int, list[audit.OutputRecord]] = defaultdict(list)
     dead: dict[int, list[audit.DeadLetter]] = defaultdict(list)
     for msg in _read(kafka, f"{name}-in", partitions):
-        digest = content_digest(msg.key(), msg.value(), msg.headers())
+        digest = plain_digest(msg.key(), msg.value(), msg.headers())
         try:
             rec = audit.InputRecord(
                 msg.offset(),
@@ -207,7 +223,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
             mid = None
         outputs[msg.partition()].append(
             audit.OutputRecord(
-                msg.offset(), msg.timestamp()[1], mid, content_digest(msg.key(), msg.value(), own)
+                msg.offset(), msg.timestamp()[1], mid, plain_digest(msg.key(), msg.value(), own)
             )
         )
     for msg in _read(kafka, f"{name}-dlq", partitions):

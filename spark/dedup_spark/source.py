@@ -6,23 +6,22 @@ short `kafkaConsumer.pollTimeoutMs` (Spark's default of 120 s is what a batch of
 transaction markers can wait). `with_ids` adds the id and the dead-letter reason of each
 record by calling `dedup_worker.ids.extract_id` in a `mapInArrow` UDF: the worker's own
 rules, imported, never re-implemented in SQL; and a digest of the record's key, value and
-headers (`content_digest`), so the audit compares an output record's contents with its
-input occurrence's without moving the values. `packed_ids` does the same and packs the
+headers (`content_digest`, computed by the JVM as it reads), so the audit compares an
+output record's contents with its input occurrence's without moving the values. `packed_ids` does the same and packs the
 rows per partition and Arrow batch, for jobs that take a partition's rows together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from hashlib import blake2b
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 POLL_TIMEOUT_MS: Final = 10_000
 """How long one Kafka poll may wait (Spark's default is 120 s)."""
@@ -168,29 +167,26 @@ def ids_schema() -> pa.Schema:
     )
 
 
-def content_digest(
-    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
-) -> int:
-    """64 bits of BLAKE2b over a record's key, value and headers (in order), as an int64."""
-    return int.from_bytes(_digest_bytes(key, value, headers), "little", signed=True)
+def content_digest(*, published: bool = False) -> Column:
+    """64 bits of Spark's `xxhash64` over a record's key, value and headers, in that
+    order, computed by the JVM as it reads (no per-record Python work). `published`:
+    records of an output topic, whose last header, when it is the worker's `dedup.id`,
+    is left out, so a faithful publication digests like its input occurrence.
 
+    Each column's hash seeds the next, so where one part ends counts (`kv` + `` is not
+    `k` + `v`); a null part and an absent or empty header list leave the running hash
+    as it is (a record without headers and its output, whose only header was the id,
+    digest alike). Tested against real records in tests/integration/test_spark_smoke.py.
+    """
+    from pyspark.sql import functions as F
 
-def _digest_bytes(
-    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
-) -> bytes:
-    """`content_digest` as 8 bytes (little-endian int64). A record with only a value (the
-    common case) is hashed as it is; any other has each part length-prefixed; the two
-    encodings are kept apart by BLAKE2b's personalisation, so no two different records
-    encode alike."""
-    if key is None and not headers and value is not None:
-        return blake2b(value, digest_size=8, person=b"dedup.v").digest()
-    parts = [b"-" if key is None else b"%d:%s" % (len(key), key)]
-    parts.append(b"-" if value is None else b"%d:%s" % (len(value), value))
-    for name, data in headers or ():
-        raw = name.encode()
-        parts.append(b"%d:%s" % (len(raw), raw))
-        parts.append(b"-" if data is None else b"%d:%s" % (len(data), data))
-    return blake2b(b"".join(parts), digest_size=8, person=b"dedup.kvh").digest()
+    headers = F.col("headers")
+    if published:
+        last_is_id = F.try_element_at(headers, F.lit(-1))["key"] == F.lit(ID_HEADER)
+        headers = F.when(
+            F.coalesce(last_is_id, F.lit(False)), F.slice(headers, 1, F.size(headers) - 1)
+        ).otherwise(headers)
+    return F.xxhash64(F.col("key"), F.col("value"), headers)
 
 
 def with_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> DataFrame:
@@ -200,12 +196,18 @@ def with_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> Da
     `dedup.id` header, the worker's addition, is left out)."""
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from (extract_ids(batch, spec, published=published) for batch in batches)
+        yield from (extract_ids(batch, spec) for batch in batches)
 
-    return records.select(*_ID_COLUMNS).mapInArrow(extract, IDS_SCHEMA)
+    return _id_inputs(records, spec, published).mapInArrow(extract, IDS_SCHEMA)
 
 
-_ID_COLUMNS: Final = ("partition", "offset", "timestamp_ms", "key", "value", "headers")
+def _id_inputs(records: DataFrame, spec: IdSpec, published: bool) -> DataFrame:
+    """The columns `extract_ids` reads: the record's place, what the id rules read (the
+    value, the key or the headers), and the content digest (computed by the JVM)."""
+    wanted = ["partition", "offset", "timestamp_ms"]
+    wanted += ["headers"] if spec.source == "header" else ["key"] if spec.source == "key" else []
+    wanted += ["value"] if spec.source == "jsonField" else []
+    return records.select(*wanted, content_digest(published=published).alias("digest"))
 
 
 PACKED_SCHEMA: Final = "partition INT, rows BINARY"
@@ -221,9 +223,9 @@ def packed_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> 
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield from pack_batch(extract_ids(batch, spec, published=published))
+            yield from pack_batch(extract_ids(batch, spec))
 
-    return records.select(*_ID_COLUMNS).mapInArrow(extract, PACKED_SCHEMA)
+    return _id_inputs(records, spec, published).mapInArrow(extract, PACKED_SCHEMA)
 
 
 def packed(frame: DataFrame) -> DataFrame:
@@ -275,27 +277,23 @@ def unpack(rows: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False) -> pa.RecordBatch:
-    """One Arrow batch of Kafka rows -> the same rows' ids, reasons and content digests
-    (runs in executors). `published`: output records, digested without the last
-    `dedup.id` header (the worker appends it to the input's headers)."""
-    import numpy as np
+def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
+    """One Arrow batch of Kafka rows (`_id_inputs`: place, what the id rules read, digest)
+    -> the same rows' ids and dead-letter reasons, digest passed on (runs in executors)."""
     import pyarrow as pa
 
     names = batch.schema.names
     size = batch.num_rows
-    keys = batch.column(names.index("key")).to_pylist() if "key" in names else [None] * size
-    values = batch.column(names.index("value")).to_pylist() if "value" in names else [None] * size
-    if "headers" in names:
-        headers = [
-            None if hs is None else [(h["key"], h["value"]) for h in hs]
-            for hs in batch.column(names.index("headers")).to_pylist()
-        ]
-    else:
-        headers = [None] * size
+
+    def column(name: str) -> list[Any]:
+        return batch.column(names.index(name)).to_pylist() if name in names else [None] * size
+
+    keys, values = column("key"), column("value")
+    headers = [
+        None if hs is None else [(h["key"], h["value"]) for h in hs] for hs in column("headers")
+    ]
     ids: list[str | None] = []
     reasons: list[str | None] = []
-    digests: list[bytes] = []
     for key, value, hs in zip(keys, values, headers, strict=True):
         try:
             ids.append(extract_id(spec, key, value, hs))
@@ -303,8 +301,6 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
         except InvalidRecord as invalid:
             ids.append(None)
             reasons.append(invalid.reason)
-        own = hs[:-1] if published and hs and hs[-1][0] == ID_HEADER else hs
-        digests.append(_digest_bytes(key, value, own))
     return pa.RecordBatch.from_arrays(
         [
             batch.column(names.index("partition")),
@@ -312,7 +308,7 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec, *, published: bool = False)
             batch.column(names.index("timestamp_ms")),
             pa.array(ids, pa.string()),
             pa.array(reasons, pa.string()),
-            pa.array(np.frombuffer(b"".join(digests), dtype="<i8"), pa.int64()),
+            batch.column(names.index("digest")),
         ],
         schema=ids_schema(),
     )

@@ -1,7 +1,7 @@
 """A real local SparkSession reads a topic with Spark's Kafka source (batch), read
 committed, and sees exactly what was committed: count, keys, values and headers. And
 the session settings the jobs rely on hold in it (placement keys, the V2 reader, lean
-Python workers)."""
+Python workers), and the content digest the audit compares records by."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 
 from dedup_local.kafka import KafkaBroker
 from dedup_spark.placement import slot_keys, spark_hash_int
-from dedup_spark.source import KafkaSource, read_topic
+from dedup_spark.source import KafkaSource, content_digest, read_topic
+from dedup_worker.ids import ID_HEADER
 from support.kafka_fixtures import NewTopic
 
 pytestmark = pytest.mark.integration
@@ -106,3 +107,50 @@ def test_jobs_read_kafka_through_the_v2_reader_with_lean_python_workers(
 
     # Spark's zips and jar are neither on the workers' path nor among their importers.
     assert spark.sparkContext.parallelize([0], 1).mapPartitions(importers).collect() == [[]]
+
+
+def test_content_digest_matches_a_faithful_publication_and_sees_every_change(
+    spark: SparkSession, kafka: KafkaBroker, new_topic: NewTopic
+) -> None:
+    """The JVM's content digest over records read from real topics: an output record that
+    publishes its input faithfully (the worker's `dedup.id` header appended last) digests
+    like it, with or without other headers; a changed key, value or header, an id header
+    that is not the last, or a moved boundary between key and value does not."""
+    inputs, outputs = new_topic(partitions=1), new_topic(partitions=1)
+    v, t1 = b'{"messageId": "a"}', ("t", b"1")
+    ident = (ID_HEADER, b"a")
+    input_records = [  # key, value, headers
+        (None, v, None),
+        (b"k", v, [t1]),
+        (b"k", b"v", None),
+    ]
+    output_records = [
+        (None, v, [ident]),  # 0: faithful to input 0
+        (b"k", v, [t1, ident]),  # 1: faithful to input 1
+        (b"k", b"w", [t1, ident]),  # 2: value changed
+        (b"j", v, [t1, ident]),  # 3: key changed
+        (b"k", v, [("t", b"2"), ident]),  # 4: header value changed
+        (b"k", v, [ident, t1]),  # 5: the id header not last
+        (b"kv", b"", None),  # 6: the boundary moved (input 2 is k / v)
+        (b"k", v, [t1]),  # 7: no id header at all: digests as it is
+    ]
+    producer = Producer(kafka.client_config())
+    for topic, records in ((inputs, input_records), (outputs, output_records)):
+        for key, value, headers in records:
+            producer.produce(topic, key=key, value=value, headers=headers, partition=0)
+    assert producer.flush(30) == 0
+
+    def digests(topic: str, published: bool) -> list[int]:
+        frame = read_topic(spark, KafkaSource(kafka.bootstrap), topic)
+        rows = frame.select("offset", content_digest(published=published).alias("d")).collect()
+        return [r["d"] for r in sorted(rows, key=lambda r: r["offset"])]
+
+    ins, outs = digests(inputs, False), digests(outputs, True)
+    assert outs[0] == ins[0] and outs[1] == ins[1]
+    assert outs[7] == ins[1]
+    changed = [outs[i] for i in (2, 3, 4, 5)]
+    assert ins[1] not in changed and len(set(changed)) == len(changed)
+    assert outs[6] != ins[2]
+    assert len({ins[0], ins[1], ins[2]}) == 3
+    # read as input (nothing left out), a publication keeps its id header in the digest
+    assert digests(outputs, False)[1] != ins[1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dedup_spark.source import content_digest, extract_ids, ids_schema, pack_batch, unpack
-from dedup_worker.ids import ID_HEADER, IdSpec
+from dedup_spark.source import extract_ids, ids_schema, pack_batch, unpack
+from dedup_worker.ids import IdSpec
 
 
 def batch(partitions: list[int | None]) -> pa.RecordBatch:
@@ -52,37 +52,20 @@ def test_several_packed_rows_unpack_into_one_table_and_none_into_an_empty_one() 
     assert list(pack_batch(batch([]))) == []
 
 
-def test_the_content_digest_sees_key_value_and_headers_and_nothing_else() -> None:
-    base = content_digest(b"k", b"v", [("h", b"1")])
-    assert content_digest(b"k", b"v", [("h", b"1")]) == base
-    changed = [
-        content_digest(None, b"v", [("h", b"1")]),
-        content_digest(b"k", b"w", [("h", b"1")]),
-        content_digest(b"k", b"v", [("h", b"2")]),
-        content_digest(b"k", b"v", [("h", None)]),
-        content_digest(b"k", b"v", None),
-        content_digest(b"kv", b"", [("h", b"1")]),  # the boundary between parts counts
-    ]
-    assert base not in changed and len(set(changed)) == len(changed)
-
-
-def test_an_output_record_is_digested_without_the_workers_id_header() -> None:
-    value = b'{"messageId": "a"}'
+def test_ids_and_reasons_come_from_the_worker_rules_and_the_digest_is_passed_on() -> None:
     kafka_rows = pa.RecordBatch.from_pydict(
         {
-            "partition": pa.array([0], pa.int32()),
-            "offset": pa.array([5], pa.int64()),
-            "timestamp_ms": pa.array([1], pa.int64()),
-            "key": pa.array([None], pa.binary()),
-            "value": pa.array([value], pa.binary()),
-            "headers": pa.array(
-                [[{"key": "t", "value": b"1"}, {"key": ID_HEADER, "value": b"a"}]],
-                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
-            ),
+            "partition": pa.array([0, 0], pa.int32()),
+            "offset": pa.array([5, 6], pa.int64()),
+            "timestamp_ms": pa.array([1, 2], pa.int64()),
+            "value": pa.array([b'{"messageId": "a"}', b"not json"], pa.binary()),
+            "digest": pa.array([11, -12], pa.int64()),
         }
     )
-    spec = IdSpec("jsonField", "messageId")
-    as_output = extract_ids(kafka_rows, spec, published=True)
-    assert as_output.column(5).to_pylist() == [content_digest(None, value, [("t", b"1")])]
-    as_input = extract_ids(kafka_rows, spec)
-    assert as_input.column(5).to_pylist() != as_output.column(5).to_pylist()
+    out = extract_ids(kafka_rows, IdSpec("jsonField", "messageId"))
+    assert out.schema == ids_schema()
+    assert out.column("id").to_pylist() == ["a", None]
+    assert out.column("reason").to_pylist()[0] is None
+    assert out.column("reason").to_pylist()[1]  # the worker's dead-letter reason code
+    assert out.column("digest").to_pylist() == [11, -12]
+    assert out.column("offset").to_pylist() == [5, 6]
