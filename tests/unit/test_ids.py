@@ -306,3 +306,42 @@ def test_fast_json_path_agrees_with_the_standard_parser(
 
     monkeypatch.setattr(ids, "_fast_loads", refuse)
     assert fast == outcome(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        b"",
+        b"{}",
+        b"[1]",
+        b'"a"',
+        b'{"messageId":"a"}',
+        b' {"messageId":"x"} ',
+        b'{"messageId":"a","messageId":"b"}',
+        b'{"messageId":""}',
+        b'{"messageId":"a b "}',
+        b'{"messageId":"\xc3\xa9"}',
+        b'{"messageId":"\\ud800"}',
+        b'{"messageId":1}',
+        b'{"messageId":12345678901234567890123}',
+        b'{"messageId":null}',
+        b'{"messageId":{"a":1}}',
+        b'{"messageId":"' + b"a" * 512 + b'"}',
+        b'{"messageId":"' + b"a" * 513 + b'"}',
+        b'\xef\xbb\xbf{"messageId":"a"}',
+        b'{"messageId":"a"} x',
+        b'{"messageId":NaN}',
+        b"\xff",
+    ],
+)
+def test_plain_json_id_is_extract_id_or_defers(value: bytes | None) -> None:
+    """The triage fast path returns exactly what `extract_id` returns, or None (defer)."""
+    fast = ids.plain_json_id("messageId", value)
+    try:
+        full: str | None = ids.extract_id(ids.IdSpec(), None, value, None)
+    except ids.InvalidRecord:
+        full = None
+    assert fast is None or fast == full
+    if full is not None and full.isascii() and value is not None and b'messageId":"' in value:
+        assert fast == full  # plain string ids take the fast path

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key
+from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key, plain_json_id
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -93,15 +93,20 @@ def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
     seen: set[bytes] = set()
     repeats = 0
     newest_ms = 0
+    # A top-level JSON field: most ids are plain strings, decided in one call
+    # (`plain_json_id`); the rest, and other sources, take the full rules.
+    plain_field = spec.field if spec.source == "jsonField" and "." not in spec.field else None
     for record in records:
         timestamp_ms = record.timestamp()[1]
         if timestamp_ms > newest_ms:
             newest_ms = timestamp_ms
-        try:
-            message_id = extract_id(spec, record.key(), record.value(), record.headers())
-        except InvalidRecord as invalid:
-            dead.append(DeadLetter(record, invalid.reason, invalid.detail))
-            continue
+        message_id = None if plain_field is None else plain_json_id(plain_field, record.value())
+        if message_id is None:
+            try:
+                message_id = extract_id(spec, record.key(), record.value(), record.headers())
+            except InvalidRecord as invalid:
+                dead.append(DeadLetter(record, invalid.reason, invalid.detail))
+                continue
         key = id_key(message_id)
         if key in seen:
             repeats += 1

@@ -22,6 +22,7 @@ stops it (`Fenced`, exit 3).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -70,6 +71,23 @@ _COORDINATOR_MOVING = {
     KafkaError.COORDINATOR_NOT_AVAILABLE,
 }
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+def _settle_heap(batch_size: int) -> None:
+    """Keep the cyclic garbage collector out of the batch loop's way (once started).
+
+    Everything allocated before the first batch (modules, clients, whatever the host
+    process holds) is frozen out of the collector's generations: a full collection used
+    to walk all of it, 100-160 ms with the GIL held, which stalled the committer thread
+    and made the batch commit p99. The first generation's threshold is raised above a
+    few batches' worth of tracked objects (the polled messages, candidates, lists): those
+    die by reference counting when their batch completes, so they no longer trigger
+    collections of young objects every 700 allocations (2,500 collections per million
+    records); cycles, if any, are still collected.
+    """
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, 10 * batch_size), middle, old)
 
 
 def worth_retrying(err: object) -> bool:
@@ -215,6 +233,7 @@ class DedupWorker:
         self._refresh_store_gauges()
         self.health.ready = True
         self.health.beat()
+        _settle_heap(cfg.batch_size)
         log.info(
             "worker ready",
             extra={
