@@ -7,7 +7,18 @@ address (`SPARK_DRIVER_BIND_ADDRESS`, set by Spark from status.podIP):
 
     spark-submit --conf spark.driver.bindAddress=$SPARK_DRIVER_BIND_ADDRESS
       --conf spark.executorEnv.SPARK_DRIVER_POD_IP=$SPARK_DRIVER_BIND_ADDRESS
+      [--conf spark.driver.extraClassPath=$DEDUP_SPARK_JARS/*]
       --deploy-mode client <args>
+
+as Spark 4.0's `entrypoint.sh` does, with one addition: the image's Kafka connector jars
+(`DEDUP_SPARK_JARS`) on the driver JVM's classpath, which this spark-submit starts before
+the job's session can add them. `<args>` are what Spark's cluster mode gives the pod
+(DriverCommandFeatureStep): `--properties-file /opt/spark/conf/spark.properties` (the
+ConfigMap spark-submit or the Spark operator created, mounted at SPARK_CONF_DIR),
+`--class org.apache.spark.deploy.PythonRunner`, the application file and its arguments;
+they pass through unchanged (a `--conf` given here wins over the properties file).
+Tested by tests/integration/test_spark_cluster_mode.py (`spark-submit --deploy-mode
+cluster` against the local cluster).
 
 `dedup-entrypoint executor` starts a Spark executor the way Spark's
 `kubernetes/dockerfiles/spark/entrypoint.sh` does for the pods a Kubernetes driver
@@ -37,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from dedup_spark.session import writable_cwd
+from dedup_spark.session import JARS_ENV, writable_cwd
 
 log = logging.getLogger("dedup_spark.entrypoint")
 
@@ -116,10 +127,17 @@ def driver_command(env: Mapping[str, str], home: Path, args: Sequence[str]) -> l
         raise EntrypointError("driver environment lacks SPARK_DRIVER_BIND_ADDRESS")
     if not args:
         raise EntrypointError("driver needs spark-submit arguments (an application)")
+    extra: list[str] = []
+    if env.get(JARS_ENV):
+        # The image's Kafka connector jars on the driver JVM's classpath: this JVM is
+        # started here, before the job's session adds them to spark.jars (which only
+        # ships them to the executors), so Spark's `kafka` source would not be found.
+        extra += ["--conf", f"spark.driver.extraClassPath={env[JARS_ENV]}/*"]
     return [
         str(home / "bin" / "spark-submit"),
         *("--conf", f"spark.driver.bindAddress={bind}"),
         *("--conf", f"spark.executorEnv.SPARK_DRIVER_POD_IP={bind}"),
+        *extra,
         *("--deploy-mode", "client"),
         *args,
     ]

@@ -107,6 +107,11 @@ def kubernetes_conf(settings: SparkSettings, env: Mapping[str, str]) -> dict[str
         master = f"k8s://https://{host}:{env['KUBERNETES_SERVICE_PORT']}"
     conf = {
         "spark.master": master,
+        # A driver that spark-submit started in cluster mode (`spark.kubernetes.submitInDriver`
+        # in the properties file it was given) asks this address for executors, not
+        # spark.master; Spark's default is https://kubernetes.default.svc, which needs the
+        # cluster's DNS. The same API server either way.
+        "spark.kubernetes.driver.master": master.removeprefix("k8s://"),
         "spark.submit.deployMode": "client",
         "spark.driver.host": env["DEDUP_POD_IP"],
         "spark.driver.bindAddress": env["DEDUP_POD_IP"],
@@ -127,8 +132,10 @@ def kubernetes_conf(settings: SparkSettings, env: Mapping[str, str]) -> dict[str
     if env.get("DEDUP_SERVICE_ACCOUNT_DIR"):  # tests and unusual mounts
         token = Path(env["DEDUP_SERVICE_ACCOUNT_DIR"]) / "token"
         ca = Path(env["DEDUP_SERVICE_ACCOUNT_DIR"]) / "ca.crt"
-    conf["spark.kubernetes.authenticate.oauthTokenFile"] = str(token)
-    conf["spark.kubernetes.authenticate.caCertFile"] = str(ca)
+    # client mode's settings, and those of a cluster-mode driver (the mounted account's)
+    for prefix in ("spark.kubernetes.authenticate", "spark.kubernetes.authenticate.driver.mounted"):
+        conf[f"{prefix}.oauthTokenFile"] = str(token)
+        conf[f"{prefix}.caCertFile"] = str(ca)
     return conf
 
 

@@ -183,6 +183,15 @@ def test_scheduled_spark_application_with_the_spark_operator() -> None:
     assert t["driver"]["cores"] == 1 and t["driver"]["memory"]
     assert t["executor"]["instances"] == 3
     assert t["executor"]["cores"] == 1 and t["executor"]["memory"]
+    # the fields the Kubeflow spark-operator's v1beta2 API documents for a scheduled run
+    assert t["restartPolicy"] == {"type": "Never"}
+    assert t["executor"]["serviceAccount"] == t["driver"]["serviceAccount"]
+    assert {"name": "DEDUP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in (
+        t["driver"]["env"]
+    )
+    mounts = t["driver"]["volumeMounts"]
+    assert {v["name"] for v in t["volumes"]} >= {m["name"] for m in mounts}
+    assert isinstance(t["driver"]["cores"], int) and isinstance(t["executor"]["cores"], int)
 
 
 def test_explicit_master_keeps_the_cron_job() -> None:

@@ -128,6 +128,43 @@ def test_the_driver_command_is_the_official_images_client_mode_submit() -> None:
     ]
 
 
+def test_a_cluster_mode_driver_pod_gets_the_images_kafka_jars_on_its_classpath() -> None:
+    """Spark's cluster-mode pod args (DriverCommandFeatureStep) and env (BasicDriverFeatureStep
+    and the image's DEDUP_SPARK_JARS): the args pass through unchanged after the driver's
+    own settings; the Kafka jars go on the driver JVM's classpath (the job's session adds
+    them to spark.jars only after that JVM is up)."""
+    env = {
+        "SPARK_DRIVER_BIND_ADDRESS": "10.1.2.3",
+        "SPARK_APPLICATION_ID": "spark-0123",
+        "SPARK_CONF_DIR": "/opt/spark/conf",
+        "DEDUP_SPARK_JARS": "/opt/dedup/spark-jars",
+    }
+    args = [
+        *("--properties-file", "/opt/spark/conf/spark.properties"),
+        *("--class", "org.apache.spark.deploy.PythonRunner"),
+        "local:///opt/dedup/reconcile.py",
+        *("--master", "k8s"),
+    ]
+    cmd = driver_command(env, Path("/venv/pyspark"), args)
+    assert cmd[-len(args) :] == args
+    assert cmd[cmd.index("--deploy-mode") + 1] == "client"
+    confs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--conf"]
+    assert "spark.driver.extraClassPath=/opt/dedup/spark-jars/*" in confs
+    assert "spark.driver.bindAddress=10.1.2.3" in confs
+
+
+def test_a_cluster_mode_driver_asks_its_own_api_server_for_executors() -> None:
+    """A driver spark-submit started in cluster mode uses spark.kubernetes.driver.master
+    (default https://kubernetes.default.svc) and the mounted account's settings."""
+    conf = kubernetes_conf(SparkSettings("k8s", image="i"), POD_ENV)
+    assert conf["spark.kubernetes.driver.master"] == "https://10.96.0.1:443"
+    assert (
+        conf["spark.kubernetes.authenticate.driver.mounted.oauthTokenFile"]
+        == (conf["spark.kubernetes.authenticate.oauthTokenFile"])
+    )
+    assert conf["spark.kubernetes.authenticate.driver.mounted.caCertFile"].endswith("ca.crt")
+
+
 def test_a_driver_without_its_bind_address_or_application_is_named() -> None:
     with pytest.raises(EntrypointError, match="SPARK_DRIVER_BIND_ADDRESS"):
         driver_command({}, Path("/x"), ["app.py"])

@@ -9,7 +9,10 @@ of two schedulers (`reconciliation_objects(..., spark_operator=...)`):
   cluster mode: the Spark operator submits the driver, which asks for the executors.
   Its arguments keep `--master k8s`: dedup-reconcile's own default is `local[2]`, which
   would override the master spark-submit set; `k8s` makes session.py configure the same
-  driver-in-its-pod settings spark-submit gives a cluster-mode driver;
+  driver-in-its-pod settings spark-submit gives a cluster-mode driver. The driver pod
+  runs the image's `dedup-entrypoint driver` with Spark's cluster-mode arguments (proven
+  by tests/integration/test_spark_cluster_mode.py: spark-submit in cluster mode of this
+  object's template against the local cluster);
 - otherwise a `batch/v1` CronJob `P-reconcile` whose pod IS the Spark driver in client
   mode (`--master k8s`: session.py points Spark at the API server from inside the pod,
   with the pod's IP and name from the downward API so executor pods are owned by it).
@@ -328,6 +331,9 @@ def scheduled_spark_application(spec: PipelineSpec, owner: Owner) -> dict[str, A
                         "volumeMounts": [{"name": REPORT_VOLUME, "mountPath": REPORT_DIR}],
                     },
                     "executor": {
+                        # What Spark does anyway when none is named (the driver's); said
+                        # here so the executors' account is not left to a default.
+                        "serviceAccount": names.reconciliation_job(spec.name),
                         "instances": rc.spark.executors,
                         "cores": EXECUTOR_CORES,
                         "memory": EXECUTOR_MEMORY,
