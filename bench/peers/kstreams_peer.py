@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dedup_local.kafka import java_path
 from dedup_local.paths import MissingArtifact, cache_dir, versions
 
 SOURCE = Path(__file__).resolve().parent / "kstreams"
@@ -61,16 +62,6 @@ def source_hash() -> str:
             digest.update(str(path.relative_to(SOURCE)).encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise MissingArtifact("java not found on PATH (the Kafka Streams peer needs Java 17+)")
-    return java
 
 
 def _maven_settings(directory: Path) -> Path:
@@ -164,7 +155,7 @@ def run(
     """Run the peer until it has committed all ``records`` input records; its timing."""
     jar = build()
     command = [
-        _java(),
+        java_path("the Kafka Streams peer"),
         "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
         "-jar",
         str(jar),

@@ -109,13 +109,14 @@ def _libs() -> Path:
     return libs
 
 
-def _java() -> str:
+def java_path(needed_by: str = "Kafka") -> str:
+    """The java to run: $JAVA_HOME's, else the one on PATH (MissingArtifact if none)."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").is_file():
         return str(Path(java_home) / "bin" / "java")
     java = shutil.which("java")
     if java is None:
-        raise MissingArtifact("java not found on PATH (Kafka needs Java 17+)")
+        raise MissingArtifact(f"java not found on PATH ({needed_by} needs Java 17+)")
     return java
 
 
@@ -249,7 +250,7 @@ class KafkaBroker:
 
     def _launch(self, deadline: float) -> None:
         libs = _libs()
-        java = _java()
+        java = java_path()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         classpath = f"{libs}/*"
