@@ -29,7 +29,13 @@ from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 from dedup_operator.kube import Kube
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
-from support.operator_helpers import events, get_pipeline, running_operator, wait_for
+from support.operator_helpers import (
+    events,
+    get_pipeline,
+    running_operator,
+    wait_for,
+    wait_for_event,
+)
 from support.simulated_kubelets import LEASE_S, Kubelets, entry, pipeline
 
 pytestmark = pytest.mark.integration
@@ -148,7 +154,8 @@ def _fail_over(
         # the node comes back: holding none of the pipeline's volumes, it is untainted
         kubelets.back(lost)
         wait_for(lambda: OUT_OF_SERVICE_TAINT not in taints(api, lost), 30, "taint removal")
-        assert "NodeBackInService" in [e[1] for e in events(api, ns.name, "events")]
+        # its Event is posted just after the taint goes (the same pass, a moment later)
+        wait_for_event(api, ns.name, "events", "Normal", "NodeBackInService")
         assert not kubelets.errors, kubelets.errors
     finally:
         op_ctx.__exit__(None, None, None)
