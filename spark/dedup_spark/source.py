@@ -17,7 +17,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
+from dedup_worker.ids import (
+    ID_HEADER,
+    IdSpec,
+    InvalidRecord,
+    extract_id,
+    plain_field,
+    plain_json_id,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -279,7 +286,11 @@ def unpack(rows: pa.Array | pa.ChunkedArray, schema: pa.Schema) -> pa.Table:
 
 def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
     """One Arrow batch of Kafka rows (`_id_inputs`: place, what the id rules read, digest)
-    -> the same rows' ids and dead-letter reasons, digest passed on (runs in executors)."""
+    -> the same rows' ids and dead-letter reasons, digest passed on (runs in executors).
+
+    A top-level JSON field's plain ids are decided in one call per record
+    (`plain_json_id`, as the worker's triage does: ~2x faster than the full rules, the
+    audit's largest cost); the rest take `extract_id`, which also names the reason."""
     import pyarrow as pa
 
     names = batch.schema.names
@@ -288,19 +299,27 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
     def column(name: str) -> list[Any]:
         return batch.column(names.index(name)).to_pylist() if name in names else [None] * size
 
-    keys, values = column("key"), column("value")
-    headers = [
-        None if hs is None else [(h["key"], h["value"]) for h in hs] for hs in column("headers")
-    ]
-    ids: list[str | None] = []
-    reasons: list[str | None] = []
-    for key, value, hs in zip(keys, values, headers, strict=True):
-        try:
-            ids.append(extract_id(spec, key, value, hs))
-            reasons.append(None)
-        except InvalidRecord as invalid:
-            ids.append(None)
-            reasons.append(invalid.reason)
+    values = column("value")
+    field = plain_field(spec)
+    ids: list[str | None] = (
+        [None] * size if field is None else [plain_json_id(field, v) for v in values]
+    )
+    reasons: list[str | None] = [None] * size
+    undecided = [i for i, found in enumerate(ids) if found is None]
+    if undecided:
+        keys = column("key")
+        headers = column("headers")
+        for i in undecided:
+            hs = headers[i]
+            try:
+                ids[i] = extract_id(
+                    spec,
+                    keys[i],
+                    values[i],
+                    None if hs is None else [(h["key"], h["value"]) for h in hs],
+                )
+            except InvalidRecord as invalid:
+                reasons[i] = invalid.reason
     return pa.RecordBatch.from_arrays(
         [
             batch.column(names.index("partition")),

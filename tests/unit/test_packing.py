@@ -4,9 +4,10 @@ partition, in order."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from dedup_spark.source import extract_ids, ids_schema, pack_batch, unpack
-from dedup_worker.ids import IdSpec
+from dedup_worker.ids import IdSpec, InvalidRecord, extract_id
 
 
 def batch(partitions: list[int | None]) -> pa.RecordBatch:
@@ -69,3 +70,67 @@ def test_ids_and_reasons_come_from_the_worker_rules_and_the_digest_is_passed_on(
     assert out.column("reason").to_pylist()[1]  # the worker's dead-letter reason code
     assert out.column("digest").to_pylist() == [11, -12]
     assert out.column("offset").to_pylist() == [5, 6]
+
+
+VALUES = [
+    b'{"messageId": "a"}',  # plain: decided by the fast path
+    b'{"messageId": 42}',  # an integer id: the full rules
+    b'{"messageId": "\xc3\xa9t\xc3\xa9"}',  # non-ASCII: the full rules
+    b'{"messageId": ""}',
+    b'{"messageId": null}',
+    b'{"meta": {"id": "n"}, "messageId": "b"}',
+    b"[1]",
+    b"not json",
+    b"",
+    None,
+]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        IdSpec("jsonField", "messageId"),
+        IdSpec("jsonField", "meta.id"),
+        IdSpec("header", "id"),
+        IdSpec("key"),
+    ],
+    ids=lambda s: f"{s.source}:{s.field}",
+)
+def test_each_row_gets_what_extract_id_gives_that_record(spec: IdSpec) -> None:
+    n = len(VALUES)
+    keys = [b"k", None, b"", b"\xff", b"x" * 600, b"k2", b"k3", None, b"k4", b"k5"]
+    headers: list[list[dict[str, bytes | None]] | None] = [
+        [{"key": "id", "value": b"h"}],
+        None,
+        [],
+        [{"key": "id", "value": None}],
+        [{"key": "id", "value": b"1"}, {"key": "id", "value": b"2"}],
+        [{"key": "other", "value": b"o"}],
+        [{"key": "id", "value": b""}],
+        None,
+        [{"key": "id", "value": b"\xff"}],
+        [{"key": "id", "value": b"z"}],
+    ]
+    rows = pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(n), pa.int64()),
+            "timestamp_ms": pa.array([1] * n, pa.int64()),
+            "key": pa.array(keys, pa.binary()),
+            "value": pa.array(VALUES, pa.binary()),
+            "headers": pa.array(
+                headers,
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+            ),
+            "digest": pa.array([0] * n, pa.int64()),
+        }
+    )
+    out = extract_ids(rows, spec)
+    for i in range(n):
+        hs = None if headers[i] is None else [(h["key"], h["value"]) for h in headers[i] or []]
+        try:
+            want: tuple[str | None, str | None] = (extract_id(spec, keys[i], VALUES[i], hs), None)
+        except InvalidRecord as invalid:
+            want = (None, invalid.reason)
+        got = (out.column("id")[i].as_py(), out.column("reason")[i].as_py())
+        assert got == want, (i, VALUES[i])

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key, plain_json_id
+from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key, plain_field, plain_json_id
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -95,12 +95,12 @@ def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
     newest_ms = 0
     # A top-level JSON field: most ids are plain strings, decided in one call
     # (`plain_json_id`); the rest, and other sources, take the full rules.
-    plain_field = spec.field if spec.source == "jsonField" and "." not in spec.field else None
+    field = plain_field(spec)
     for record in records:
         timestamp_ms = record.timestamp()[1]
         if timestamp_ms > newest_ms:
             newest_ms = timestamp_ms
-        message_id = None if plain_field is None else plain_json_id(plain_field, record.value())
+        message_id = None if field is None else plain_json_id(field, record.value())
         if message_id is None:
             try:
                 message_id = extract_id(spec, record.key(), record.value(), record.headers())

@@ -129,6 +129,12 @@ def extract_id(
     return _id_from_bytes(key, "key")
 
 
+def plain_field(spec: IdSpec) -> str | None:
+    """The field ``plain_json_id`` can decide ids by under ``spec`` (a top-level JSON
+    field), or None when every record takes ``extract_id``."""
+    return spec.field if spec.source == "jsonField" and "." not in spec.field else None
+
+
 def plain_json_id(field: str, value: bytes | None) -> str | None:
     """The common case of ``extract_id`` for a ``jsonField`` spec whose field has no dot:
     the value parses (orjson) to an object whose ``field`` is a non-empty ASCII string of
