@@ -127,7 +127,7 @@ def test_each_row_gets_what_extract_id_gives_that_record(spec: IdSpec) -> None:
     )
     out = extract_ids(rows, spec)
     for i in range(n):
-        hs = None if headers[i] is None else [(h["key"], h["value"]) for h in headers[i] or []]
+        hs = None if headers[i] is None else [(h["key"], h["value"]) for h in headers[i]]
         try:
             want: tuple[str | None, str | None] = (extract_id(spec, keys[i], VALUES[i], hs), None)
         except InvalidRecord as invalid:
