@@ -155,7 +155,10 @@ def test_workers_pause_through_an_api_server_outage_and_resume_exactly(
             metrics = urlread(f"{w.url}/metrics")
             assert 'dedup_paused{partition="0"' in metrics
             assert sample(metrics, "dedup_paused") == 0
-            assert sample(metrics, "dedup_pauses_total") == 1
+            # at least the outage's pause: with a 3.3 s renew deadline, a renewal slowed
+            # by a starved CPU (a CI run at load 17) can add a pause of its own, which
+            # ends the same way (resumed at our epoch, nothing fenced, checked below)
+            assert sample(metrics, "dedup_pauses_total") >= 1
             assert sample(metrics, "dedup_fencing_events_total") == 0
 
         for w in workers:
