@@ -181,22 +181,28 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
     )
     marking = sorted(n for n in to_taint | to_join if n not in tainted)
     tainted += marking
+    # counted with the completions that the record ends: a pass killed (or whose final
+    # status write conflicts) after the record is written never decides them again
+    failovers = int(obs.previous.get("failovers") or 0) + sum(
+        1
+        for d in decisions.values()
+        if isinstance(d.action, CompleteHandover)
+        and d.action.handover.reason != HandoverReason.SPEC_CHANGED  # a roll is not a failover
+    )
     record = None
     if changed or marking:
-        record = {"partitions": [s.to_status() for s in parts.values()], "taintedNodes": tainted}
+        record = {
+            "partitions": [s.to_status() for s in parts.values()],
+            "taintedNodes": tainted,
+            "failovers": failovers,
+        }
 
     steps = []
-    failovers = int(obs.previous.get("failovers") or 0)
     for p, d in decisions.items():
         action: Action | None = d.action
         if isinstance(action, CreatePod) and not _startable(obs.topic, p):
             parts[p] = replace(parts[p], waiting_for=f"input topic ({obs.topic.reason})")
             action = None
-        if (
-            isinstance(action, CompleteHandover)
-            and action.handover.reason != HandoverReason.SPEC_CHANGED
-        ):
-            failovers += 1  # a roll is not a failover
         steps.append(PartitionStep(p, d, action, _events(p, d, obs.previous_partition(p))))
 
     lift, forget = [], []

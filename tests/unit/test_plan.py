@@ -249,3 +249,30 @@ def test_a_completion_recorded_but_not_told_is_told_by_the_next_pass() -> None:
     assert status["partitions"][0]["lastHandover"]["told"] is True
     again = plan_pass(observation(previous=status), NOW)
     assert not any(e[1] == "FailoverCompleted" for s in again.steps for e in s.events)
+
+
+def test_a_completed_failover_is_counted_in_the_record_written_before_acting() -> None:
+    """The record ends the handover; a pass killed after writing it (or whose final
+    status write conflicts) never decides the completion again, so the count of
+    failovers goes with the record, not only with the status at the end of the pass."""
+    handover = {
+        "reason": "NodeLost",
+        "started": "2026-11-23T11:59:40Z",
+        "fromEpoch": 1,
+        "fromPod": "events-p0-e1",
+        "fromNode": "n1",
+        "steps": {"fenced": 5.0, "released": 6.0},
+    }
+    previous = {
+        "failovers": 3,
+        "partitions": [{"partition": 0, "epoch": 1, "handover": handover}],
+    }
+    pods = {0: (worker(0, 2, "n3"),), 1: (worker(1, 1, "n2"),)}
+    obs = observation(previous=previous, pods=pods, leases=dict([lease(0, 2), lease(1, 1)]))
+    plan = plan_pass(obs, NOW)
+    assert plan.record is not None
+    assert plan.record["failovers"] == 4 == plan.failovers
+    assert plan.record["partitions"][0].get("handover") is None
+    after_kill = plan_pass(observation(previous=plan.record, pods=pods), NOW)
+    assert after_kill.failovers == 4, "the restarted pass keeps the count, adds nothing"
+    assert after_kill.record is None
