@@ -317,7 +317,19 @@ def test_two_replicas_only_the_leader_acts(
         running_operator(ns.kubeconfig_path, ns.name, tmp_path / "b.log") as b,
     ):
         create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
-        wait_for(lambda: len(listed(ns, "pod", "events")) == 2, 60, "2 worker pods")
+
+        def a_pod_per_partition() -> bool:
+            # by partition, not a count: without kubelets of its own, a pod of this test
+            # may land on a node another test of the shared cluster left, and be replaced
+            pods = listed(ns, "pod", "events")
+            return all(any(p.startswith(f"events-p{i}-") for p in pods) for i in (0, 1))
+
+        try:
+            wait_for(a_pod_per_partition, 90, "a worker pod per partition")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n--- a\n{a.log()[-3000:]}\n--- b\n{b.log()[-3000:]}"
+            ) from None
         holder = leases.read_namespaced_lease("dedup-operator-leader", ns.name).spec.holder_identity
         leader, follower = (a, b) if holder.endswith(f"-{a.process.pid}") else (b, a)
         assert holder.endswith(f"-{leader.process.pid}")
