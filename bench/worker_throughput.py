@@ -5,7 +5,8 @@
     python bench/worker_throughput.py --partitions 1,2,4 [--records 2000000]
 
 Workload: one partition, 300-byte JSON records keyed by message id, 2% duplicates.
-Ours: `DedupWorker` (RocksDB window, one Kafka transaction per batch) in this process.
+Ours: `DedupWorker` (RocksDB window, one Kafka transaction per batch) in a process of its
+own, which holds none of the bench's workload.
 Peers, each as a child process on the same broker in the same invocation, on their own
 copy of the same records:
 
@@ -333,6 +334,35 @@ def partition_child(spec: str) -> int:
     return 0
 
 
+def start_child(
+    bootstrap: str, name: str, partition: int, records: int, store: Path, batch_size: int
+) -> subprocess.Popen[str]:
+    """A worker process of its own (`partition_child`) on `partition` of `name`'s topics:
+    it holds none of the bench's workload (a worker in a pod holds only its own state;
+    the bench's records in the same process cost ours ~13% at 2M, bench/README.md), as
+    each peer runs in a process of its own too."""
+    spec = "|".join([bootstrap, name, str(partition), str(records), str(store), str(batch_size)])
+    return subprocess.Popen(
+        [sys.executable, __file__, "--partition-child", spec], stdout=subprocess.PIPE, text=True
+    )
+
+
+def child_result(child: subprocess.Popen[str]) -> dict[str, float]:
+    """The JSON line `partition_child` printed last; RuntimeError if it failed."""
+    out, _ = child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"our worker process exited with {child.returncode}")
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def run_ours_in_child(
+    bootstrap: str, name: str, partition: int, records: int, store: Path, batch_size: int
+) -> dict[str, float]:
+    """`run_ours` in a worker process of its own (`start_child`)."""
+    return child_result(start_child(bootstrap, name, partition, records, store, batch_size))
+
+
 def run_partitions(
     bootstrap: str,
     broker: KafkaBroker | None,
@@ -358,34 +388,16 @@ def run_partitions(
             per_partition[partition_for(key, n)] += 1
         broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
         children = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--partition-child",
-                    "|".join(
-                        [
-                            bootstrap,
-                            name,
-                            str(p),
-                            str(per_partition[p]),
-                            str(tmp / f"{name}-store-{p}"),
-                            str(batch_size),
-                        ]
-                    ),
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
+            start_child(bootstrap, name, p, per_partition[p], tmp / f"{name}-store-{p}", batch_size)
             for p in range(n)
         ]
         results = []
         for child in children:
-            out, _ = child.communicate()
-            if child.returncode != 0:
-                print(f"ERROR: the worker of {name} exited with {child.returncode}")
+            try:
+                results.append(child_result(child))
+            except RuntimeError as exc:
+                print(f"ERROR: {exc}")
                 return 1
-            results.append(json.loads(out.strip().splitlines()[-1]))
         if broker_cpu is not None and broker is not None and broker.pid:
             broker_cpu = cpu_seconds(broker.pid) - broker_cpu
         wall = max(r["done"] for r in results) - min(r["started"] for r in results)
@@ -507,9 +519,10 @@ def main() -> int:
                 f"[bench] {records} records of ~300 B, {DUPLICATE_SHARE:.0%} duplicates, 1 partition, exactly-once"
             )
             uniques = topics(f"ours-{records}", records)
-            ours = run_ours(
+            ours = run_ours_in_child(
                 bootstrap,
                 f"ours-{records}",
+                0,
                 records,
                 Path(tmp) / f"store-{records}",
                 args.batch_size,
