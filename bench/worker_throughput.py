@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -347,12 +348,12 @@ def start_child(
     )
 
 
-def child_result(child: subprocess.Popen[str]) -> dict[str, float]:
+def child_result(child: subprocess.Popen[str]) -> dict[str, Any]:
     """The JSON line `partition_child` printed last; RuntimeError if it failed."""
     out, _ = child.communicate()
     if child.returncode != 0:
         raise RuntimeError(f"our worker process exited with {child.returncode}")
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
