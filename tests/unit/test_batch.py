@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 
 import pytest
 
 from dedup_worker.batch import Record, select_new, triage
-from dedup_worker.ids import IdSpec, id_key
+from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key
 
 
 def rec(offset: int, value: bytes | None, key: bytes | None = None) -> Record:
@@ -69,3 +71,75 @@ def test_key_source_uses_record_key() -> None:
     )
     assert [c.message_id for c in split.firsts] == ["k1"]
     assert split.repeats == 1
+
+
+def replay(
+    records: list[Record], spec: IdSpec
+) -> tuple[list[tuple[int, str]], int, list[tuple[int, str]], int]:
+    """The oracle: each record on its own through the full rules (`extract_id`), its key
+    hashed here, first occurrences kept in order; no fast path."""
+    firsts: list[tuple[int, str]] = []
+    dead: list[tuple[int, str]] = []
+    seen: set[bytes] = set()
+    repeats = 0
+    for record in records:
+        try:
+            message_id = extract_id(spec, record.key(), record.value(), record.headers())
+        except InvalidRecord as invalid:
+            dead.append((record.offset(), invalid.reason))
+            continue
+        key = hashlib.blake2b(message_id.encode(), digest_size=16).digest()
+        if key in seen:
+            repeats += 1
+        else:
+            seen.add(key)
+            firsts.append((record.offset(), message_id))
+    newest = max([0, *(record.timestamp()[1] for record in records)])
+    return firsts, repeats, dead, newest
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_triage_is_the_record_by_record_replay(seed: int) -> None:
+    """Batches of plain ids (decided at once), with repeats, and batches mixing in ids
+    the fast path defers (integers, non-ASCII, nested fields) and records without an id
+    (dead letters): triage's split equals the replay's, whichever path it took."""
+    rng = random.Random(seed)
+    plain_only = seed % 2 == 0
+    odd = [
+        b'{"messageId": 42}',
+        '{"messageId": "zürich"}'.encode(),
+        b'{"messageId": ""}',
+        b"{not json",
+        None,
+        b'{"other": 1}',
+        b'{"messageId": "a", "messageId": "b"}',
+    ]
+    records = []
+    for offset in range(rng.randint(0, 60)):
+        if not plain_only and rng.random() < 0.2:
+            value = rng.choice(odd)
+        else:
+            value = event(f"id-{rng.randrange(25)}")
+        records.append(
+            Record(offset, None, value, None, rng.choice([-1, 0, 5, 1_000 + rng.randrange(99)]))
+        )
+    split = triage(records, IdSpec())
+    firsts, repeats, dead, newest = replay(records, IdSpec())
+    assert [(c.record.offset(), c.message_id) for c in split.firsts] == firsts
+    assert [c.key for c in split.firsts] == [id_key(m) for _, m in firsts]
+    assert split.firsts.utf8_ids == [m.encode() for _, m in firsts]
+    assert split.repeats == repeats
+    assert [(d.record.offset(), d.reason) for d in split.dead_letters] == dead
+    assert split.newest_ms == newest
+
+
+def test_firsts_where_keeps_rows_together() -> None:
+    split = triage([rec(0, event("a")), rec(1, event("b")), rec(2, event("c"))], IdSpec())
+    kept = split.firsts.where([True, False, True])
+    assert [(c.record.offset(), c.message_id, c.key) for c in kept] == [
+        (0, "a", id_key("a")),
+        (2, "c", id_key("c")),
+    ]
+    assert kept.utf8_ids == [b"a", b"c"]
+    with pytest.raises(ValueError):
+        split.firsts.where([True])

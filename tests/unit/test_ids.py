@@ -308,33 +308,33 @@ def test_fast_json_path_agrees_with_the_standard_parser(
     assert fast == outcome(value)
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        None,
-        b"",
-        b"{}",
-        b"[1]",
-        b'"a"',
-        b'{"messageId":"a"}',
-        b' {"messageId":"x"} ',
-        b'{"messageId":"a","messageId":"b"}',
-        b'{"messageId":""}',
-        b'{"messageId":"a b "}',
-        b'{"messageId":"\xc3\xa9"}',
-        b'{"messageId":"\\ud800"}',
-        b'{"messageId":1}',
-        b'{"messageId":12345678901234567890123}',
-        b'{"messageId":null}',
-        b'{"messageId":{"a":1}}',
-        b'{"messageId":"' + b"a" * 512 + b'"}',
-        b'{"messageId":"' + b"a" * 513 + b'"}',
-        b'\xef\xbb\xbf{"messageId":"a"}',
-        b'{"messageId":"a"} x',
-        b'{"messageId":NaN}',
-        b"\xff",
-    ],
-)
+PLAIN_JSON_CASES: list[bytes | None] = [
+    None,
+    b"",
+    b"{}",
+    b"[1]",
+    b'"a"',
+    b'{"messageId":"a"}',
+    b' {"messageId":"x"} ',
+    b'{"messageId":"a","messageId":"b"}',
+    b'{"messageId":""}',
+    b'{"messageId":"a b "}',
+    b'{"messageId":"\xc3\xa9"}',
+    b'{"messageId":"\\ud800"}',
+    b'{"messageId":1}',
+    b'{"messageId":12345678901234567890123}',
+    b'{"messageId":null}',
+    b'{"messageId":{"a":1}}',
+    b'{"messageId":"' + b"a" * 512 + b'"}',
+    b'{"messageId":"' + b"a" * 513 + b'"}',
+    b'\xef\xbb\xbf{"messageId":"a"}',
+    b'{"messageId":"a"} x',
+    b'{"messageId":NaN}',
+    b"\xff",
+]
+
+
+@pytest.mark.parametrize("value", PLAIN_JSON_CASES)
 def test_plain_json_id_is_extract_id_or_defers(value: bytes | None) -> None:
     """The triage fast path returns exactly what `extract_id` returns, or None (defer)."""
     fast = ids.plain_json_id("messageId", value)
@@ -345,3 +345,25 @@ def test_plain_json_id_is_extract_id_or_defers(value: bytes | None) -> None:
     assert fast is None or fast == full
     if full is not None and full.isascii() and value is not None and b'messageId":"' in value:
         assert fast == full  # plain string ids take the fast path
+
+
+@pytest.mark.parametrize("value", PLAIN_JSON_CASES)
+def test_plain_json_ids_decides_a_batch_as_plain_json_id_decides_each(
+    value: bytes | None,
+) -> None:
+    """The batch form: every id when each value is decided, None when any one defers."""
+    plain = b'{"messageId":"p"}'
+    one = ids.plain_json_id("messageId", value)
+    for batch in ([value], [plain, value, plain]):
+        expected = None if one is None else [ids.plain_json_id("messageId", v) for v in batch]
+        assert ids.plain_json_ids("messageId", batch) == expected
+
+
+def test_plain_json_ids_of_an_empty_batch_is_empty() -> None:
+    assert ids.plain_json_ids("messageId", []) == []
+
+
+def test_id_keys_are_the_id_key_of_each_utf8_id() -> None:
+    texts = ["abc", "", "zürich", "x" * MAX_ID_BYTES]
+    assert ids.id_keys([t.encode() for t in texts]) == [id_key(t) for t in texts]
+    assert ids.id_keys([b"abc"]) == [bytes.fromhex("cf4ab791c62b8d2b2109c90275287816")]

@@ -6,11 +6,21 @@ No Kafka and no RocksDB here: the shell hands in plain values and a lookup resul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import itemgetter, methodcaller, not_
 from typing import NamedTuple, Protocol
 
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key, plain_field, plain_json_id
+from dedup_worker.ids import (
+    IdSpec,
+    InvalidRecord,
+    extract_id,
+    id_keys,
+    plain_field,
+    plain_json_id,
+    plain_json_ids,
+)
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -60,10 +70,7 @@ class Record:
 
 
 class Candidate(NamedTuple):
-    """A record whose id is the first of its kind in its batch.
-
-    (Named tuples, not frozen dataclasses, for the per-record types: one is built per
-    record, and a frozen dataclass's ``__init__`` cost ~4% of the worker's time.)"""
+    """A record whose id is the first of its kind in its batch (one row of `Firsts`)."""
 
     record: InputRecord
     message_id: str
@@ -77,25 +84,85 @@ class DeadLetter(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Firsts:
+    """Records whose id is the first of its kind in their batch, in input order, as
+    columns: entry i of each list is about the same record.
+
+    Columns rather than an object per record: the worker builds and consumes them with
+    ``map``/``compress`` driven from C, no Python call per record. Iterating or indexing
+    gives `Candidate` rows (tests, the backfill)."""
+
+    records: list[InputRecord]
+    message_ids: list[str]
+    utf8_ids: list[bytes]  # message_ids encoded: the output's id header values
+    keys: list[bytes]  # their store keys (ids.id_key)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return map(Candidate, self.records, self.message_ids, self.keys)
+
+    def __getitem__(self, index: int) -> Candidate:
+        return Candidate(self.records[index], self.message_ids[index], self.keys[index])
+
+    def where(self, keep: Sequence[bool]) -> Firsts:
+        """The rows whose ``keep`` is true, in order."""
+        if len(keep) != len(self.records):
+            raise ValueError(f"{len(self.records)} rows but {len(keep)} flags")
+        return Firsts(
+            list(compress(self.records, keep)),
+            list(compress(self.message_ids, keep)),
+            list(compress(self.utf8_ids, keep)),
+            list(compress(self.keys, keep)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Triage:
     """A batch split into first occurrences (in input order), in-batch repeats and dead
     letters, with the newest record timestamp of the whole batch (0 for an empty one)."""
 
-    firsts: list[Candidate]
+    firsts: Firsts
     repeats: int
     dead_letters: list[DeadLetter]
     newest_ms: int
 
 
+_value = methodcaller("value")
+_timestamp_ms = itemgetter(1)
+_timestamp = methodcaller("timestamp")
+
+
 def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
-    firsts: list[Candidate] = []
+    # A top-level JSON field: a batch of plain string ids is decided at once
+    # (`plain_json_ids`); a batch with any other record, and other sources, take the
+    # rules record by record.
+    field = plain_field(spec)
+    message_ids = None if field is None else plain_json_ids(field, list(map(_value, records)))
+    if message_ids is None:
+        return _triage_each(records, spec, field)
+    utf8_ids = list(map(str.encode, message_ids))
+    firsts = Firsts(list(records), message_ids, utf8_ids, id_keys(utf8_ids))
+    newest_ms = max(0, max(map(_timestamp_ms, map(_timestamp, records)), default=0))
+    if len(set(firsts.keys)) == len(firsts):
+        return Triage(firsts, 0, [], newest_ms)
+    seen: set[bytes] = set()
+    keep: list[bool] = []
+    for key in firsts.keys:
+        keep.append(key not in seen)
+        seen.add(key)
+    return Triage(firsts.where(keep), len(firsts) - len(seen), [], newest_ms)
+
+
+def _triage_each(records: Sequence[InputRecord], spec: IdSpec, field: str | None) -> Triage:
+    """`triage` record by record: each takes `plain_json_id` (when ``field``) and the full
+    rules where that defers; records without a valid id become dead letters."""
+    firsts = Firsts([], [], [], [])
     dead: list[DeadLetter] = []
     seen: set[bytes] = set()
     repeats = 0
     newest_ms = 0
-    # A top-level JSON field: most ids are plain strings, decided in one call
-    # (`plain_json_id`); the rest, and other sources, take the full rules.
-    field = plain_field(spec)
     for record in records:
         timestamp_ms = record.timestamp()[1]
         if timestamp_ms > newest_ms:
@@ -107,20 +174,25 @@ def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
             except InvalidRecord as invalid:
                 dead.append(DeadLetter(record, invalid.reason, invalid.detail))
                 continue
-        key = id_key(message_id)
+        utf8_id = message_id.encode()
+        key = id_keys((utf8_id,))[0]
         if key in seen:
             repeats += 1
             continue
         seen.add(key)
-        firsts.append(Candidate(record, message_id, key))
+        firsts.records.append(record)
+        firsts.message_ids.append(message_id)
+        firsts.utf8_ids.append(utf8_id)
+        firsts.keys.append(key)
     return Triage(firsts, repeats, dead, newest_ms)
 
 
-def select_new(firsts: Sequence[Candidate], present: Sequence[bool]) -> list[Candidate]:
-    """The candidates whose id the window does not hold yet (`present` from a multi-get)."""
+def select_new(firsts: Firsts, present: Sequence[bool]) -> Firsts:
+    """The first occurrences whose id the window does not hold yet (`present` from a
+    multi-get)."""
     if len(firsts) != len(present):
         raise ValueError(f"{len(firsts)} candidates but {len(present)} lookup results")
-    return [c for c, hit in zip(firsts, present, strict=True) if not hit]
+    return firsts.where(list(map(not_, present)))
 
 
 def dead_letter_headers(

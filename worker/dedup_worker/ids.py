@@ -29,9 +29,10 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, get_args
+from itertools import repeat
+from typing import Any, Final, Literal, cast, get_args
 
 import orjson
 
@@ -155,13 +156,56 @@ def plain_json_id(field: str, value: bytes | None) -> str | None:
     return None
 
 
+def plain_json_ids(field: str, values: Sequence[bytes | None]) -> list[str] | None:
+    """The batch form of ``plain_json_id``: the ids of all ``values`` when every one of
+    them is decided by ``plain_json_id``'s rule, else None (then each value takes
+    ``plain_json_id``, and ``extract_id`` where that defers).
+
+    Driven from C (``map`` over orjson and the ``str`` methods) rather than a Python call
+    per record: 1.3 us per record instead of 2.3 in the worker's triage (real messages,
+    thread CPU time). Whatever the rule would defer on fails here as a whole: a value
+    orjson refuses (None and empty included), a document that is not an object
+    (``dict.get`` refuses it), a field that is missing or not a string (``str.isascii``
+    refuses it), a non-ASCII, empty or too long id."""
+    try:
+        found = list(map(_document_get, map(_loads_any, values), repeat(field)))
+        if (
+            all(map(str.isascii, found))
+            and all(found)
+            and max(map(len, found), default=0) <= MAX_ID_BYTES
+        ):
+            return found
+    except (_FastJSONError, TypeError):
+        pass
+    return None
+
+
 def id_key(message_id: str) -> bytes:
     """The store key of an id: BLAKE2b, 16-byte digest, over its UTF-8 bytes.
 
     This is a stable on-disk format (persistent stores and bootstrap SST files hold
     these keys): changing it orphans every existing store.
     """
-    return hashlib.blake2b(message_id.encode(), digest_size=ID_KEY_BYTES).digest()
+    hasher = _ID_HASH.copy()
+    hasher.update(message_id.encode())
+    return hasher.digest()
+
+
+def id_keys(utf8_ids: Iterable[bytes]) -> list[bytes]:
+    """The store keys (``id_key``) of ids given as their UTF-8 bytes, in order."""
+    keys: list[bytes] = []
+    add = keys.append
+    new_hasher = _ID_HASH.copy
+    for raw in utf8_ids:
+        hasher = new_hasher()
+        hasher.update(raw)
+        add(hasher.digest())
+    return keys
+
+
+# A fresh BLAKE2b of the key's digest size, copied for each key: a copy costs 0.29 us
+# per key where constructing one (its keyword arguments parsed) costs 0.59 us.
+_ID_HASH: Final = hashlib.blake2b(digest_size=ID_KEY_BYTES)
 
 
 def partition_for(message_id: str | bytes, partitions: int) -> int:
@@ -220,6 +264,10 @@ _JSON_SPACE: Final = " \t\n\r"
 _ABSENT: Final = object()
 _fast_loads: Final = orjson.loads
 _FastJSONError: Final = orjson.JSONDecodeError
+# For plain_json_ids: orjson.loads refuses None (JSONDecodeError) as any non-JSON input,
+# and dict.get unbound raises TypeError for anything but a dict.
+_loads_any: Final = cast(Callable[[Any], Any], orjson.loads)
+_document_get: Final = cast(Callable[[Any, str], Any], dict.get)
 
 
 def _id_from_json(field: str, value: bytes | None) -> str:

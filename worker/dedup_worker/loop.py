@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import or_
 
 from confluent_kafka import (
     Consumer,
@@ -41,7 +42,7 @@ from confluent_kafka import (
 
 from dedup_worker import batch as batch_rules
 from dedup_worker import faults
-from dedup_worker.batch import Candidate, DeadLetter, Triage, select_new, triage
+from dedup_worker.batch import DeadLetter, Firsts, Headers, Triage, select_new, triage
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
@@ -115,7 +116,7 @@ class _Batch:
 
     records: list[Message]  # the data records of one poll, in offset order
     split: Triage
-    new: list[Candidate]  # first occurrences the window does not hold
+    new: Firsts  # first occurrences the window does not hold
     new_keys: frozenset[bytes]
     started: float = 0.0
     last_output_offset: int = -1
@@ -408,12 +409,12 @@ class DedupWorker:
 
     def _look_up(self, records: list[Message], split: Triage) -> _Batch:
         assert self.store is not None
-        present = self.store.contains_many([c.key for c in split.firsts])
+        keys = split.firsts.keys
+        present = self.store.contains_many(keys)
         if self._in_flight is not None and self._in_flight.new_keys:
-            flying = self._in_flight.new_keys
-            present = [hit or c.key in flying for c, hit in zip(split.firsts, present, strict=True)]
+            present = list(map(or_, present, map(self._in_flight.new_keys.__contains__, keys)))
         new = select_new(split.firsts, present)
-        return _Batch(records, split, new, frozenset(c.key for c in new))
+        return _Batch(records, split, new, frozenset(new.keys))
 
     def _send(self, batch: _Batch) -> None:
         """Open the batch's transaction, produce its records, and commit it in the
@@ -442,7 +443,7 @@ class DedupWorker:
 
         self._now_ms = max(self._now_ms, batch.newest_ms)
         self.store.record_batch(
-            [c.key for c in batch.new],
+            batch.new.keys,
             # The batch's newest timestamp, not its new records' newest: an id may be kept
             # a little longer than its own timestamp says, never shorter.
             self._now_ms,
@@ -475,9 +476,11 @@ class DedupWorker:
             produce = self.producer.produce
             new = batch.new
             last = len(new) - 1
-            for i, cand in enumerate(new):
-                rec = cand.record
-                headers = [*(rec.headers() or ()), (ID_HEADER, cand.message_id.encode())]
+            for i, (rec, utf8_id) in enumerate(zip(new.records, new.utf8_ids, strict=True)):
+                own = rec.headers()
+                hs: Headers = (
+                    [(ID_HEADER, utf8_id)] if own is None else [*own, (ID_HEADER, utf8_id)]
+                )
                 callback = batch.on_last_delivery if i == last else None
                 try:
                     produce(
@@ -487,14 +490,14 @@ class DedupWorker:
                         partition,
                         on_delivery=callback,
                         timestamp=rec.timestamp()[1],
-                        headers=headers,
+                        headers=hs,
                     )
                 except BufferError:  # local queue full: the slow path waits for room
                     self._produce(
                         output,
                         rec.value(),
                         rec.key(),
-                        headers,
+                        hs,
                         rec.timestamp()[1],
                         partition,
                         callback,
