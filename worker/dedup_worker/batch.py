@@ -192,6 +192,8 @@ def select_new(firsts: Firsts, present: Sequence[bool]) -> Firsts:
     multi-get)."""
     if len(firsts) != len(present):
         raise ValueError(f"{len(firsts)} candidates but {len(present)} lookup results")
+    if not any(present):  # the common case: all new
+        return firsts
     return firsts.where(list(map(not_, present)))
 
 

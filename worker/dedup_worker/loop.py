@@ -411,8 +411,9 @@ class DedupWorker:
         assert self.store is not None
         keys = split.firsts.keys
         present = self.store.contains_many(keys)
-        if self._in_flight is not None and self._in_flight.new_keys:
-            present = list(map(or_, present, map(self._in_flight.new_keys.__contains__, keys)))
+        flying = frozenset() if self._in_flight is None else self._in_flight.new_keys
+        if not flying.isdisjoint(keys):
+            present = list(map(or_, present, map(flying.__contains__, keys)))
         new = select_new(split.firsts, present)
         return _Batch(records, split, new, frozenset(new.keys))
 
@@ -524,11 +525,14 @@ class DedupWorker:
         try:
             if not self._check_token(producer):
                 return False
-            producer.flush()
+            # The offsets first: their two round trips (to the transaction and the group
+            # coordinators) overlap the delivery of the batch's records, which the
+            # flush then waits for (it also serves their delivery reports).
             producer.send_offsets_to_transaction(
                 [TopicPartition(cfg.input_topic, cfg.partition, batch.next_input)],
                 self.consumer.consumer_group_metadata(),
             )
+            producer.flush()
             faults.maybe_crash("before-commit")
             if not self._check_token(producer):  # the flush may have taken a while
                 return False
