@@ -16,6 +16,7 @@ from dedup_worker.ids import (
     IdSpec,
     InvalidRecord,
     extract_id,
+    id_key,
     id_keys,
     plain_field,
     plain_json_id,
@@ -174,15 +175,14 @@ def _triage_each(records: Sequence[InputRecord], spec: IdSpec, field: str | None
             except InvalidRecord as invalid:
                 dead.append(DeadLetter(record, invalid.reason, invalid.detail))
                 continue
-        utf8_id = message_id.encode()
-        key = id_keys((utf8_id,))[0]
+        key = id_key(message_id)
         if key in seen:
             repeats += 1
             continue
         seen.add(key)
         firsts.records.append(record)
         firsts.message_ids.append(message_id)
-        firsts.utf8_ids.append(utf8_id)
+        firsts.utf8_ids.append(message_id.encode())
         firsts.keys.append(key)
     return Triage(firsts, repeats, dead, newest_ms)
 
