@@ -101,8 +101,8 @@ def replay(
 @pytest.mark.parametrize("seed", range(40))
 def test_triage_is_the_record_by_record_replay(seed: int) -> None:
     """Batches of plain ids (decided at once), with repeats, and batches mixing in ids
-    the fast path defers (integers, non-ASCII, nested fields) and records without an id
-    (dead letters): triage's split equals the replay's, whichever path it took."""
+    the fast path defers (an integer, a non-ASCII id) and records without an id (dead
+    letters): triage's split equals the replay's, whichever path it took."""
     rng = random.Random(seed)
     plain_only = seed % 2 == 0
     odd = [
