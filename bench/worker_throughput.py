@@ -113,6 +113,12 @@ def fill(
     produce_all(producer, topic, records, timeout_s=120)
 
 
+def create_topics(broker: KafkaBroker, name: str, partitions: int = 1) -> None:
+    """A run's topics: ``name``-in, -out and -dlq."""
+    for suffix in ("in", "out", "dlq"):
+        broker.create_topic(f"{name}-{suffix}", partitions)
+
+
 def warm_group_coordinator(bootstrap: str) -> None:
     """Have the broker create its offsets topic before anything is timed, so neither run
     pays that one-time broker start-up cost (the first group lookup waits for it)."""
@@ -136,8 +142,7 @@ def warm_broker(broker: KafkaBroker, store: Path, batch_size: int) -> None:
     the same broker, 101k/s and 42 ms (scratch harness, 2026-11-25). Every timed run, ours
     and each peer's, then meets a warm broker."""
     name = "warm-up"
-    for suffix in ("in", "out", "dlq"):
-        broker.create_topic(f"{name}-{suffix}", 1)
+    create_topics(broker, name)
     fill(broker.bootstrap, f"{name}-in", workload(WARM_UP_RECORDS, seed=11))
     run_ours_in_child(broker.bootstrap, name, 0, WARM_UP_RECORDS, store, batch_size)
 
@@ -400,8 +405,7 @@ def run_partitions(
     for n in counts:
         name = f"part{n}"
         if broker is not None:
-            for suffix in ("in", "out", "dlq"):
-                broker.create_topic(f"{name}-{suffix}", n)
+            create_topics(broker, name, n)
         fill(bootstrap, f"{name}-in", data, partitions=n)
         per_partition = [0] * n
         for key, _ in data:
@@ -535,8 +539,7 @@ def main() -> int:
         def topics(name: str, n: int) -> int:
             """Create and fill ``name``'s topics with the first ``n`` records; their ids."""
             if broker is not None:
-                for suffix in ("in", "out", "dlq"):
-                    broker.create_topic(f"{name}-{suffix}", 1)
+                create_topics(broker, name)
             fill(bootstrap, f"{name}-in", data[:n])
             return len({key for key, _ in data[:n]})
 
