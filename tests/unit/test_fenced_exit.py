@@ -5,6 +5,7 @@ classification and checks, before any client is created."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import Fenced
 from dedup_worker.lease import Hold
-from dedup_worker.loop import DedupWorker
+from dedup_worker.loop import LIBRDKAFKA_LOG, DedupWorker
 from dedup_worker.window import WindowPolicy
 
 
@@ -104,3 +105,22 @@ def test_token_not_held_at_start_or_lost_stops_the_loop_before_kafka_or_the_stor
         w.process_batch()
     assert not (tmp_path / "store").exists()
     assert w.metrics.fencing_events._value.get() == 1
+
+
+def test_librdkafkas_own_fence_lines_are_warnings_the_workers_line_is_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fence met while the offsets are added made librdkafka log an ERROR line of its
+    own before the worker's one `fenced: ...` line; librdkafka's is now a WARNING. Its
+    other ERROR lines stay ERROR."""
+    with caplog.at_level(logging.DEBUG, logger="librdkafka"):
+        LIBRDKAFKA_LOG.error(
+            "ADDOFFSETS [rdkafka#producer-1] [thrd:main]: TxnCoordinator/1: Failed to add "
+            "offsets to transaction on broker TxnCoordinator/1: Local: This instance has "
+            "been fenced by a newer instance"
+        )
+        LIBRDKAFKA_LOG.error("FAIL [rdkafka#producer-1]: 127.0.0.1:9092/1: Connection refused")
+    assert [(r.levelname, r.getMessage()[:10]) for r in caplog.records] == [
+        ("WARNING", "ADDOFFSETS"),
+        ("ERROR", "FAIL [rdka"),
+    ]
