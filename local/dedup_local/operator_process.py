@@ -3,6 +3,7 @@ metrics and probes, SIGKILL or a clean stop."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -29,9 +31,31 @@ class OperatorProcess:
     process: subprocess.Popen[bytes]
     log_path: Path
     metrics_port: int
+    namespaced: bool = False  # run under unshare (`running_operator(same_host_as=...)`)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """The operator's JSON log lines (--log-format json), others skipped."""
+        records = []
+        for line in self.log().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def identity(self) -> str | None:
+        """Its holder identity in the leader Lease, as its start line logs it (None:
+        not started yet, or no leader election)."""
+        for record in self.log_records():
+            if record.get("message") == "dedup-operator starting":
+                identity = record.get("identity")
+                return str(identity) if identity else None
+        return None
 
     def metrics(self) -> str:
         import urllib.request
@@ -63,9 +87,21 @@ class OperatorProcess:
             self.process.kill()
             self.process.wait(timeout=30)
 
+    def operator_pid(self) -> int:
+        """The operator's own PID as this host sees it: the process started, or under
+        `same_host_as` the one child of `unshare` (which ignores SIGTERM itself)."""
+        if not self.namespaced:
+            return self.process.pid
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            children = path.read_text().split()
+        except OSError:
+            children = []
+        return int(children[0]) if children else self.process.pid
+
     def stop(self) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            os.kill(self.operator_pid(), signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -81,12 +117,27 @@ def running_operator(
     log_path: Path,
     interval: float = 1.0,
     extra: tuple[str, ...] = (),
+    same_host_as: str | None = None,
 ) -> Iterator[OperatorProcess]:
-    """`dedup-operator` watching `namespace`, passes every `interval` seconds."""
+    """`dedup-operator` watching `namespace`, passes every `interval` seconds.
+
+    `same_host_as`: run it with that host name (a UTS namespace of its own) as PID 1 of a
+    PID namespace of its own, so that two such operators have the same host name and the
+    same PID, as two containers (or two hostNetwork pods on one node) can."""
     port = free_port()
+    wrapper: list[str] = []
+    if same_host_as is not None:
+        wrapper = [
+            "unshare", "--uts", "--pid", "--fork", "--kill-child", "--",
+            sys.executable, "-c",
+            "import os, socket, sys; socket.sethostname(sys.argv[1]); "
+            "os.execv(sys.argv[2], sys.argv[2:])",
+            same_host_as,
+        ]  # fmt: skip
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
             [
+                *wrapper,
                 *operator_command(),
                 "--kubeconfig",
                 str(kubeconfig),
@@ -112,7 +163,7 @@ def running_operator(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    op = OperatorProcess(proc, log_path, port)
+    op = OperatorProcess(proc, log_path, port, namespaced=same_host_as is not None)
     try:
         yield op
     finally:

@@ -211,16 +211,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube.watch_cluster(on_heartbeat=observe_heartbeat)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
+    identity = None
     if not args.no_leader_election:
-        import socket
-
-        from dedup_operator.leader import LeaderElection
+        from dedup_operator.leader import LeaderElection, leader_identity
 
         election_ns = args.leader_election_namespace or (namespaces[0] if namespaces else "default")
+        identity = leader_identity()
         handlers.RUNTIME.leader = LeaderElection(
             api,  # type: ignore[arg-type]
             election_ns,
-            f"{socket.gethostname()}-{os.getpid()}",
+            identity,
             args.leader_lease_duration,
         )
     handlers.RUNTIME.settings = ReconcileSettings(
@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dedup-operator starting",
         extra={
             "namespaces": "*" if clusterwide else ",".join(namespaces),
+            "identity": identity,
             "interval_s": args.interval,
             "metrics_port": args.metrics_port,
             "health_port": args.health_port,

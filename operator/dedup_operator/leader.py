@@ -9,13 +9,25 @@ the duration with a compare-and-set on resourceVersion, and considers itself lea
 until 2/3 of the duration after the start of its last successful renew, by its own
 monotonic clock: it stops acting before anyone else may start. On a clean stop it
 releases the Lease so a successor takes over at once.
+
+**Identity.** Each process is `<pod name>-<random UUID>` (`leader_identity`): the pod's
+name from the downward API (`POD_NAME`), else the host name, and a UUID made when the
+process starts. Neither a host name nor a PID tells two replicas apart: containers
+repeat PIDs, `hostNetwork` replicas on one node share the node's host name, and a pod
+restarted in place keeps its name. And a Lease that names this identity counts as ours
+only while its resourceVersion is the one our own last write produced
+(`may_take(..., written_by_me=...)`): whoever else wrote it, under whatever name, must
+let it run out first.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +41,15 @@ from dedup_worker import lease_clock
 log = logging.getLogger("dedup_operator.leader")
 
 LEASE_NAME = "dedup-operator-leader"
+POD_NAME_ENV = "POD_NAME"  # the chart sets it from the downward API (metadata.name)
+
+
+def leader_identity(pod_name: str | None = None) -> str:
+    """This process's holder identity: the pod's name (`POD_NAME`), else the host name,
+    then a UUID of this process. Two processes never share one, whatever their host
+    names and PIDs."""
+    base = pod_name or os.environ.get(POD_NAME_ENV) or socket.gethostname() or "dedup-operator"
+    return f"{base}-{uuid.uuid4()}"
 
 
 @dataclass(frozen=True)
@@ -39,9 +60,13 @@ class LeaseState:
     acquire_time: datetime | None = None
 
 
-def may_take(state: LeaseState, me: str, unchanged_for_s: float) -> bool:
-    """Ours already, free, or seen unchanged for its duration (`lease_clock.expired`)."""
-    if state.holder in (None, "", me):
+def may_take(state: LeaseState, me: str, unchanged_for_s: float, written_by_me: bool) -> bool:
+    """Ours already, free, or seen unchanged for its duration (`lease_clock.expired`).
+    Ours means our identity *and* the version our own last write produced
+    (`written_by_me`): a Lease written under our name by anyone else is someone else's."""
+    if state.holder in (None, ""):
+        return True
+    if state.holder == me and written_by_me:
         return True
     free = lease_clock.is_free(state.holder, state.renew_time, state.acquire_time, state.duration_s)
     return lease_clock.expired(free, unchanged_for_s, state.duration_s)
@@ -60,6 +85,7 @@ class LeaderElection:
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._was_leader = False
         self._clock = lease_clock.LeaseClock()  # when we saw the Lease change
+        self._written: str | None = None  # the resourceVersion our last write produced
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._valid_until
@@ -119,7 +145,8 @@ class LeaderElection:
                     "leaseTransitions": 0,
                 },
             }
-            self.leases.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+            made = self.leases.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
+            self._written = made.metadata.resource_version if made.metadata else None
             self._valid_until = started + self.duration_s * 2 / 3
             return
         spec = lease.spec
@@ -132,7 +159,10 @@ class LeaderElection:
         )
         version = lease.metadata.resource_version if lease.metadata else None
         stamp = lease_clock.LeaseStamp(state.holder, state.renew_time, version)
-        if not may_take(state, self.identity, self._clock.observe(LEASE_NAME, stamp)):
+        written_by_me = version is not None and version == self._written
+        if not may_take(
+            state, self.identity, self._clock.observe(LEASE_NAME, stamp), written_by_me
+        ):
             self._valid_until = 0.0
             return
         if spec.holder_identity != self.identity:
@@ -142,5 +172,7 @@ class LeaderElection:
         spec.renew_time = now
         spec.lease_duration_seconds = self.duration_s
         # replace carries the resourceVersion read above: a compare-and-set
-        self.leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+        self._written = None  # unknown until the answer: a lost answer is not ours
+        done = self.leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
+        self._written = done.metadata.resource_version if done.metadata else None
         self._valid_until = started + self.duration_s * 2 / 3

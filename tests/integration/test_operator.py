@@ -4,7 +4,11 @@ it reports, what it checks in Kafka, and what deletion leaves behind."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
+import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dedup_local.kafka import KafkaBroker
+from dedup_local.operator_process import OperatorProcess
 from dedup_operator import names
 from support import pipelines
 from support.kafka_fixtures import NewTopic
@@ -331,11 +336,90 @@ def test_two_replicas_only_the_leader_acts(
                 f"{exc}\n--- a\n{a.log()[-3000:]}\n--- b\n{b.log()[-3000:]}"
             ) from None
         holder = leases.read_namespaced_lease("dedup-operator-leader", ns.name).spec.holder_identity
-        leader, follower = (a, b) if holder.endswith(f"-{a.process.pid}") else (b, a)
-        assert holder.endswith(f"-{leader.process.pid}")
+        leader, follower = (a, b) if holder == a.identity() else (b, a)
+        assert holder == leader.identity() and a.identity() != b.identity()
         assert "WorkerCreated" in leader.log()
         assert "WorkerCreated" not in follower.log()
         leader.kill()
         leases.delete_namespaced_lease("events-p1", ns.name)
         wait_for(lambda: "events-p1" in listed(ns, "lease", "events"), 60, "the follower to act")
         assert "became leader" in follower.log()
+
+
+def acting_spans(op: OperatorProcess, until: datetime) -> list[tuple[datetime, datetime]]:
+    """When `op` held leadership, from its own log: from each "became leader" to the
+    next "lost leadership" (or `until`: still leading, or killed then)."""
+    spans, began = [], None
+    for record in op.log_records():
+        if record.get("message") == "became leader":
+            began = datetime.fromisoformat(record["timestamp"])
+        elif record.get("message") == "lost leadership" and began is not None:
+            spans.append((began, datetime.fromisoformat(record["timestamp"])))
+            began = None
+    if began is not None:
+        spans.append((began, until))
+    return spans
+
+
+def test_two_replicas_with_one_host_name_and_pid_never_both_lead(
+    dedup_crd: KubeCluster, kube_namespace: KubeNamespace, tmp_path: Path
+) -> None:
+    """Two operator processes with the same host name and the same PID (each PID 1 of a
+    PID namespace of its own, host name set by the test, as containers on the local
+    cluster and hostNetwork pods on one node have): they hold different identities, one
+    leads, and after the leader is killed the other leads, never both at once (the
+    identity `host-pid` made both act, 965 s of a 25-minute run)."""
+    ns = kube_namespace
+    leases = client.CoordinationV1Api(ns.api_client)
+    holders: list[str] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            try:
+                spec = leases.read_namespaced_lease("dedup-operator-leader", ns.name).spec
+            except Exception:  # not made yet (404), or the API going away with the test
+                continue
+            if spec is not None and spec.holder_identity and spec.holder_identity not in holders:
+                holders.append(spec.holder_identity)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        two_operators_on_one_host(ns, tmp_path, holders, stop)
+    finally:
+        stop.set()
+        sampler.join(timeout=5)
+
+
+def two_operators_on_one_host(
+    ns: KubeNamespace, tmp_path: Path, holders: list[str], stop: threading.Event
+) -> None:
+    with (
+        running_operator(ns.kubeconfig_path, ns.name, tmp_path / "a.log", same_host_as="op") as a,
+        running_operator(ns.kubeconfig_path, ns.name, tmp_path / "b.log", same_host_as="op") as b,
+    ):
+        ids = wait_for(lambda: (a.identity(), b.identity()) if a.identity() and b.identity()
+                       else None, 60, "both operators started")  # fmt: skip
+        assert ids[0].startswith("op-") and ids[1].startswith("op-") and ids[0] != ids[1], ids
+        # the same host name and PID as each other (PID 1 of their own namespaces)
+        for op in (a, b):
+            status = Path(f"/proc/{op.operator_pid()}/status").read_text().splitlines()
+            nspid = next(line for line in status if line.startswith("NSpid"))
+            assert nspid.split()[-1] == "1", nspid  # "NSpid: <host pid> 1"
+        leader = wait_for(lambda: next((op for op in (a, b) if "became leader" in op.log()), None),
+                          60, "a leader")  # fmt: skip
+        other = b if leader is a else a
+        time.sleep(10)  # > 3 lease durations (3 s) for the other to (wrongly) lead too
+        assert "became leader" not in other.log(), other.log()[-3000:]
+        leader.kill()
+        killed = datetime.now(UTC)
+        wait_for(lambda: "became leader" in other.log(), 60, "the other to lead")
+        time.sleep(2)
+        stop.set()
+        now = datetime.now(UTC)
+        spans = sorted(acting_spans(leader, killed) + acting_spans(other, now))
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end <= start, f"two replicas led at once: {spans}"
+        assert set(holders) <= {leader.identity(), other.identity()}, holders
+        assert holders[-1] == other.identity(), holders
