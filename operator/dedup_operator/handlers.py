@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client import ApiClient
 
 from dedup_operator import names
-from dedup_operator.kube import Kube
+from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
 from dedup_operator.reconcile import (
     ReconcileSettings,
@@ -119,12 +120,40 @@ def resync_forever() -> None:
                 wait = max(FOLLOW_UP_S, min(wait, due))
 
 
+def connection_info(api: ApiClient, trust_env: bool = False) -> kopf.ConnectionInfo:
+    """kopf's credentials from the operator's own API client configuration, so that kopf
+    reaches the server the rest of the operator reaches, by the same rules."""
+    cfg = api.configuration
+    # the bearer token: BearerToken in newer clients, authorization in older ones; the
+    # in-cluster config's refresh hook re-reads the projected token file on the way
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+        "authorization"
+    )
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        trust_env=trust_env,
+    )
+
+
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The kubeconfig the CLI was given (KUBECONFIG), else the pod's service account."""
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(settings=settings, **kwargs)
-    return kopf.login_with_service_account(settings=settings, **kwargs)
+def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """Log in as the operator's own client does (`kube.api_client`): the kubeconfig the
+    CLI was given (KUBECONFIG), else the pod's service account at the address the kubelet
+    gives (KUBERNETES_SERVICE_HOST/PORT) with the pod's token and CA. Not kopf's
+    `login_with_service_account`, which asks https://kubernetes.default.svc: that name
+    needs cluster DNS, and without it kopf gave up after 9 attempts and the operator
+    exited (a crash loop on clusters without that name). Called again on a 401."""
+    return connection_info(api_client(os.environ.get("KUBECONFIG")), settings.networking.trust_env)
 
 
 @kopf.on.startup()
