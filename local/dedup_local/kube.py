@@ -51,6 +51,19 @@ SETUP_HINT = "run: make setup-kube"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "dedup-admin"
+# The audit policy of the local control planes: every request of a service account (the
+# operator's, the workers', the audit's; tests read what each asked and was answered)
+# at Metadata level, once it completed; nothing of anyone else.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
+
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
@@ -605,6 +618,41 @@ class ControlPlane:
 
         self._wait(proc, healthy, "healthy")
 
+    @property
+    def audit_log_path(self) -> Path:
+        """The API server's audit log (JSON lines): every request of a service account
+        at Metadata level (who, verb, resource, namespace, name, response code)."""
+        return self.data_dir / "audit.log"
+
+    def _audit_args(self) -> list[str]:
+        policy = self.data_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log_path}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=1024",  # MB: one file for a test session
+            "--audit-log-maxbackup=1",
+        ]
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The audit log's events (ResponseStarted for watches, ResponseComplete), of
+        `user` when given, e.g. "system:serviceaccount:<namespace>:<name>"."""
+        events = []
+        try:
+            text = self.audit_log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if user is not None and (event.get("user") or {}).get("username") != user:
+                continue
+            events.append(event)
+        return events
+
     def _start_apiserver(self, port: int = 0) -> None:
         self._apiserver_port = port or free_port()
         pki = self.data_dir / "pki"
@@ -626,6 +674,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--allow-privileged=true",
             "--profiling=false",
+            *self._audit_args(),
             *self.extra_args.get("kube-apiserver", []),
         ]
         proc = self._spawn("kube-apiserver", argv)

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_local.chart import CHART, template
 from dedup_operator import names
+from support import rbac_check
 from support.chart_rbac import CLUSTER, DENIED_EVERYWHERE, NAMESPACED
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import get_pipeline, running_operator, wait_for
@@ -306,15 +307,22 @@ def _service_account_kubeconfig(cluster: KubeCluster, namespace: str, sa: str, p
     return path
 
 
+@pytest.mark.parametrize("scope", ["namespaced", "cluster"])
 def test_the_operator_runs_a_pipeline_with_only_the_charts_rbac(
-    dedup_crd: KubeCluster, kube_namespace: KubeNamespace, tmp_path: Path
+    dedup_crd: KubeCluster, kube_namespace: KubeNamespace, tmp_path: Path, scope: str
 ) -> None:
-    """Namespaced scope: every call of a reconcile pass (worker and audit objects, whose
-    Roles the API server only lets it create because it holds what they grant; the
-    Secret of kafka.securityRef; nodes, VolumeAttachments, the Spark CRD) is allowed,
-    and the API server answers no request of it with 403."""
+    """Under either rbac.scope: every call of a reconcile pass (worker and audit objects,
+    whose Roles the API server only lets it create because it holds what they grant; the
+    Secret of kafka.securityRef; nodes, node Leases, VolumeAttachments, the Spark CRD,
+    the leader Lease) is allowed. From the API server's audit log: every (verb, resource,
+    namespace, name) the operator's ServiceAccount asked for is one the rendered chart
+    grants (tests/support/rbac_check.py, an RBAC evaluator of its own), none was
+    answered 403, and the operator's log has no permission warning. (The operator runs
+    with --namespace under both: with -A it would act on other tests' pipelines.)"""
     with namespaces(dedup_crd, 1) as (watched,):
-        release, rbac = render_rbac(kube_namespace.name, [watched])
+        release, rbac = render_rbac(
+            kube_namespace.name, [watched] if scope == "namespaced" else None
+        )
         with applied(dedup_crd, rbac):
             core = client.CoreV1Api(dedup_crd.api_client)
             core.create_namespaced_secret(
@@ -357,8 +365,24 @@ def test_the_operator_runs_a_pipeline_with_only_the_charts_rbac(
             assert op.process.returncode == 0
             released = leases.read_namespaced_lease("dedup-operator-leader", kube_namespace.name)
             assert released.spec is not None and not released.spec.holder_identity
-            refused = [line for line in log.splitlines() if re.search(r"Forbidden|\b403\b", line)]
+            refused = [
+                line
+                for line in log.splitlines()
+                if re.search(r"Forbidden|forbidden|\b403\b|cannot (watch|list|get)", line)
+            ]
             assert refused == []
+            account = (kube_namespace.name, release)
+            asked = rbac_check.requests(
+                dedup_crd.control_plane.audit_events(
+                    f"system:serviceaccount:{account[0]}:{account[1]}"
+                )
+            )
+            assert {r.resource for r in asked} >= {"deduppipelines", "leases", "nodes", "pods"}
+            # the node Leases (kube-node-lease) and the leader Lease were asked for
+            assert any(r.namespace == "kube-node-lease" and r.verb == "watch" for r in asked)
+            assert any(r.name == "dedup-operator-leader" for r in asked)
+            docs = [d for d in yaml.safe_load_all(rbac) if d]
+            assert rbac_check.not_granted(docs, account, asked) == []
             status = (get_pipeline(dedup_crd.api_client, watched, "events") or {})["status"]
             topic = next(c for c in status["conditions"] if c["type"] == "TopicReady")
             assert topic["reason"] == "KafkaUnreachable"  # it read the Secret, then tried
