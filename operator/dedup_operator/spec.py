@@ -136,18 +136,10 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
-class SnapshotSpec:
-    schedule: str
-    volume_snapshot_class_name: str | None = None
-    keep: int | None = None
-
-
-@dataclass(frozen=True)
 class StorageSpec:
     size: str = "10Gi"
     storage_class_name: str | None = None
     retain_on_delete: bool = True
-    snapshots: SnapshotSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -278,20 +270,10 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
     )
 
     st = spec.get("storage") or {}
-    snaps = st.get("snapshots")
     storage = StorageSpec(
         size=str(st.get("size", StorageSpec.size)),
         storage_class_name=st.get("storageClassName") or None,
         retain_on_delete=bool(st.get("retainOnDelete", StorageSpec.retain_on_delete)),
-        snapshots=(
-            SnapshotSpec(
-                schedule=str(snaps["schedule"]),
-                volume_snapshot_class_name=snaps.get("volumeSnapshotClassName"),
-                keep=snaps.get("keep"),
-            )
-            if snaps
-            else None
-        ),
     )
     if quantity(storage.size, "storage.size") <= 0:
         raise SpecError("storage.size must be a positive quantity such as 100Gi")

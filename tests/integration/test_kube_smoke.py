@@ -50,15 +50,7 @@ def pipeline(name: str, **spec_changes: Any) -> dict[str, Any]:
             "nodeSelector": {"pool": "dedup"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "dedup"}],
         },
-        "storage": {
-            "size": "100Gi",
-            "storageClassName": "gp3",
-            "snapshots": {
-                "schedule": "0 */6 * * *",
-                "volumeSnapshotClassName": "csi-snap",
-                "keep": 4,
-            },
-        },
+        "storage": {"size": "100Gi", "storageClassName": "gp3"},
         "failover": {"leaseDuration": "15s", "releaseVolume": "OutOfServiceTaint"},
         "reconciliation": {
             "schedule": "0 3 * * *",
@@ -230,6 +222,33 @@ def test_kubectl_apply_of_bad_pipeline_fails_with_message(
     )
     assert result.returncode != 0
     assert "outputTopic must differ from inputTopic" in result.stderr
+
+
+def test_a_field_the_crd_does_not_have_is_refused_by_kubectl_and_pruned_by_the_api(
+    dedup_crd: KubeCluster, kube_namespace: KubeNamespace
+) -> None:
+    """`spec.storage.snapshots` was removed (nothing acted on it). The schema is
+    structural and preserves no unknown fields under spec, so the API server prunes
+    them. kubectl asks for strict field validation (its default `--validate=strict`)
+    and is refused with the field's name; a client that does not ask (fieldValidation
+    Warn, the API's default) gets the object without the field and a warning."""
+    ns = kube_namespace
+    snapshots = {"schedule": "0 */6 * * *", "volumeSnapshotClassName": "csi-snap", "keep": 4}
+    old = pipeline("snapshots", storage={"size": "100Gi", "snapshots": snapshots})
+    result = ns.cluster.control_plane.kubectl(
+        "apply", "-n", ns.name, "-f", "-", input=yaml.safe_dump(old), check=False
+    )
+    assert result.returncode != 0
+    assert 'unknown field "spec.storage.snapshots"' in result.stderr
+    with pytest.raises(ApiException) as strict:
+        custom(ns).create_namespaced_custom_object(
+            GROUP, VERSION, ns.name, PLURAL, old, field_validation="Strict"
+        )
+    assert strict.value.status == 400
+    message = json.loads(strict.value.body or "{}").get("message", "")
+    assert 'unknown field "spec.storage.snapshots"' in message
+    created = create(ns, old)
+    assert created["spec"]["storage"] == {"size": "100Gi", "retainOnDelete": True}
 
 
 def test_partitions_can_grow_but_not_shrink(
