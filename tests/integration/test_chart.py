@@ -377,3 +377,24 @@ def test_gitops_examples_install_this_chart_with_valid_values(tmp_path: Path) ->
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(values))
         assert one(render((path,)), "Deployment")  # the schema accepts them
+
+
+def test_every_alert_links_its_runbook_under_the_base_url() -> None:
+    """Each rendered alert's runbook_url is <runbookBaseURL>/<alert>.md: by default this
+    repository's docs/runbooks, whose pages exist (tests/unit/test_runbooks.py checks
+    what they hold); another base, with or without its slash, is used as given."""
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
+    for sets, base in (
+        ((), f"{home}/blob/main/docs/runbooks"),
+        (("metrics.prometheusRule.runbookBaseURL=https://wiki.example/dedup/",), None),
+    ):
+        rule = one(render((MONITORING,), sets), "PrometheusRule")
+        for r in (r for g in rule["spec"]["groups"] for r in g["rules"]):
+            url = r["annotations"]["runbook_url"]
+            if base is None:
+                assert url == f"https://wiki.example/dedup/{r['alert']}.md"
+            else:
+                assert url == f"{base}/{r['alert']}.md"
+                assert (CHART.parents[1] / "docs" / "runbooks" / f"{r['alert']}.md").is_file()
+    refused = template(sets=("metrics.prometheusRule.runbookBaseURL=docs/runbooks",), check=False)
+    assert refused.returncode != 0 and "runbookBaseURL" in refused.stderr
