@@ -54,6 +54,7 @@ from dedup_local.demo_plot import Handover, Point, plot
 from dedup_local.image import DEV_TAG, ensure_image
 from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.paths import REPO_ROOT, cache_dir
+from dedup_local.pod_health import unhealthy
 from dedup_operator import ctl, ctl_view
 from dedup_operator.observed import parse_time
 from dedup_worker.ids import ID_HEADER, partition_for
@@ -68,6 +69,7 @@ DUPLICATE_SHARE = 0.05
 MALFORMED = 12
 NAMESPACE = "default"
 PIPELINE = "events"
+OPERATOR_SELECTOR = f"app.kubernetes.io/name={OPERATOR_RELEASE}"
 EXAMPLE = REPO_ROOT / "examples" / "events-pipeline.yaml"
 DEDUPCTL = str(Path(sys.executable).parent / "dedupctl")
 
@@ -511,6 +513,10 @@ def run(png: Path) -> int:
             dedupctl(cluster, "status", PIPELINE)
             dedupctl(cluster, "failovers", PIPELINE)
             audit_rc = dedupctl(cluster, "audit", PIPELINE, "--now", timeout=1200)
+            # healthy, not only working: 0 restarts, no ERROR line, no permission warning
+            operator_problems = unhealthy(cluster, OPERATOR_NAMESPACE, OPERATOR_SELECTOR)
+            for problem in operator_problems:
+                say(f"operator pod not healthy: {problem}")
         except Exception:
             say("operator logs (tail):\n" + operator_logs(cluster))
             say("worker logs (tail):\n" + worker_logs(cluster))
@@ -540,6 +546,11 @@ def run(png: Path) -> int:
                 f"({ctl_view.steps_text(handover['steps'])})",
             ),
             ("audit (Spark)", "passed" if audit_rc == 0 else f"exit {audit_rc}", "dedupctl audit"),
+            (
+                "operator pods",
+                "healthy" if not operator_problems else f"{len(operator_problems)} problems",
+                "0 restarts, no ERROR line, no permission warning",
+            ),
         ]
         say("result:\n" + ctl_view.table(("", "COUNT", ""), rows))
         ok = (
@@ -548,6 +559,7 @@ def run(png: Path) -> int:
             and set(ids) == expected
             and len(dead) == MALFORMED
             and audit_rc == 0
+            and not operator_problems
         )
         kill_t = killed_at - t0
         plot(

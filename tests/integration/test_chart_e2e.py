@@ -19,10 +19,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
+from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm, template
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
+from dedup_local.pod_health import unhealthy
 from dedup_operator import names
+from support import rbac_check
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import wait_for
@@ -54,6 +56,14 @@ def operator_pods(api: client.ApiClient) -> list[Any]:
     return [p for p in pods.items if not p.metadata.deletion_timestamp]
 
 
+def healthy_operator_pods(cluster: LocalCluster, api: client.ApiClient, since: float) -> None:
+    """Every operator pod, once they have run 75 s: 0 restarts, no ERROR line, no
+    permission warning in its log."""
+    time.sleep(max(0.0, since + 75 - time.monotonic()))
+    assert len(operator_pods(api)) == 2
+    assert unhealthy(cluster, NAMESPACE, f"app.kubernetes.io/name={RELEASE}") == []
+
+
 def worker_state(api: client.ApiClient, ns: str) -> dict[str, tuple[str, str, int]]:
     """Each worker pod: (uid, containerID, restarts) — unchanged means undisturbed."""
     pods = client.CoreV1Api(api).list_namespaced_pod(
@@ -80,6 +90,7 @@ def test_helm_install_failover_upgrade_uninstall(
     sets = [arg for value in LOCAL_CLUSTER_VALUES for arg in ("--set", value)]
     helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "240s")  # fmt: skip
+    installed = time.monotonic()
     lost: str | None = None
     try:
         ops = operator_pods(api)
@@ -101,6 +112,9 @@ def test_helm_install_failover_upgrade_uninstall(
         )  # fmt: skip
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
         ready_pipeline(api, ns, "events", 2)
+        # Healthy, not only working: the operator pods ran past the ~55 s after which a
+        # failing kopf login ended the process (a crash loop no result showed).
+        healthy_operator_pods(cluster, api, installed)
 
         traffic = Traffic(kafka.bootstrap, topic, 2)
         with traffic.running():
@@ -138,10 +152,25 @@ def test_helm_install_failover_upgrade_uninstall(
                 "--wait", "--timeout", "240s")  # fmt: skip
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{RELEASE}",
                         "--timeout=240s", timeout=260)  # fmt: skip
+        upgraded = time.monotonic()
         new_ops = {p.metadata.name for p in operator_pods(api)}
         assert new_ops and not (new_ops & old_ops), (old_ops, new_ops)
         assert worker_state(api, ns) == workers
         ready_pipeline(api, ns, "events", 2)
+        healthy_operator_pods(cluster, api, upgraded)
+
+        # Every request of the operator's ServiceAccount over the whole run (failover
+        # included) is one the chart grants under its default rbac.scope (cluster), and
+        # none was answered 403: from the API server's audit log.
+        account = (NAMESPACE, RELEASE)
+        assert cluster.control_plane is not None
+        asked = rbac_check.requests(
+            cluster.control_plane.audit_events(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
+        )
+        assert any(r.namespace == "kube-node-lease" and r.verb == "watch" for r in asked)
+        rendered = template(sets=LOCAL_CLUSTER_VALUES, namespace=NAMESPACE, release=RELEASE)
+        docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+        assert rbac_check.not_granted(docs, account, asked) == []
 
         # Uninstalling the operator leaves the API, the pipeline, its volumes and workers.
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")

@@ -25,6 +25,7 @@ from kubernetes import client
 
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
+from dedup_local.pod_health import log_problems, unhealthy
 from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
@@ -127,6 +128,9 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
             f'dedup_operator_partitions_not_running{{namespace="{ns}",pipeline="events"}} 0.0'
             in op.metrics()
         )
+        # a run without faults: healthy workers and operator, not only exact output
+        assert unhealthy(local_cluster, ns, selector) == []
+        assert log_problems(op.log()) == []
 
 
 def test_node_loss_moves_the_partition_with_its_volume(
