@@ -28,14 +28,22 @@ RUN for a in org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# A C compiler for the project's one extension (dedup_worker._murmur2), in this stage
+# only: gcc, and Python's headers where the base lacks them (the official image has
+# them; a base of Debian's python3.11 needs python3.11-dev).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && if [ ! -e "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+      apt-get install -y --no-install-recommends python3.11-dev; fi \
+ && rm -rf /var/lib/apt/lists/*
 # The dependencies first, in their own layer (a code change does not re-install them):
-# the project's metadata with empty package folders installs exactly its requirements.
+# exactly the requirements pyproject.toml lists ([project] dependencies and [spark]).
 COPY pyproject.toml ./
-RUN mkdir operator worker spark && touch README.md \
- && python3 -m venv /opt/dedup \
- && /opt/dedup/bin/pip install ".[spark]" \
- && /opt/dedup/bin/pip uninstall -y dedup-operator \
- && rm -rf operator worker spark README.md
+RUN python3 -m venv /opt/dedup \
+ && python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['spark']))" > /tmp/requirements.txt \
+ && /opt/dedup/bin/pip install -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 COPY README.md versions.env ./
 COPY operator ./operator
 COPY worker ./worker

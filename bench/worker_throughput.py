@@ -62,8 +62,8 @@ from peers import kstreams_peer as kstreams
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig
-from dedup_worker.ids import partition_for
 from dedup_worker.loop import DedupWorker
+from dedup_worker.ownership import owner
 from dedup_worker.window import WindowPolicy
 
 HERE = Path(__file__).resolve().parent
@@ -106,7 +106,7 @@ def fill(
         {
             "key": key,
             "value": value,
-            "partition": 0 if partitions == 1 else partition_for(key, partitions),
+            "partition": 0 if partitions == 1 else owner(key, partitions),
         }
         for key, value in data
     )
@@ -409,7 +409,7 @@ def run_partitions(
         fill(bootstrap, f"{name}-in", data, partitions=n)
         per_partition = [0] * n
         for key, _ in data:
-            per_partition[partition_for(key, n)] += 1
+            per_partition[owner(key, n)] += 1
         broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
         children = [
             start_child(bootstrap, name, p, per_partition[p], tmp / f"{name}-store-{p}", batch_size)

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the project's virtual environment under $DEDUP_CACHE/venv and
-# installs the project in editable mode with its dev extras. Reinstalls only when
-# pyproject.toml changed since the last install.
+# installs the project in editable mode with its dev extras, which builds the C extension
+# dedup_worker._murmur2 in place (a C compiler and Python's headers are needed). Reinstalls
+# only when pyproject.toml or the extension's sources changed since the last install.
 source "$(dirname "$0")/lib.sh"
 VENV="$DEDUP_CACHE/venv"
 STAMP="$VENV/.pyproject.sha256"
-want="$(sha256sum "$REPO_ROOT/pyproject.toml" | cut -d' ' -f1)"
+# pyproject.toml and the C extension's sources (the editable install builds it in place)
+want="$(cat "$REPO_ROOT/pyproject.toml" "$REPO_ROOT"/worker/dedup_worker/*.c | sha256sum | cut -d' ' -f1)"
 extras="${DEDUP_EXTRAS:-dev}"
-if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want:$extras:$REPO_ROOT" ]]; then
+if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want:$extras:$REPO_ROOT" ]] &&
+  compgen -G "$REPO_ROOT/worker/dedup_worker/_murmur2*.so" >/dev/null; then
   log "python: reusing $VENV"
   exit 0
 fi
 command -v python3 >/dev/null || die "python3 not found"
+command -v cc >/dev/null || die "no C compiler (cc) for dedup_worker._murmur2: apt-get install gcc"
 if [[ ! -x "$VENV/bin/python" ]]; then
   log "python: creating virtual environment $VENV"
   python3 -m venv "$VENV"
@@ -19,6 +23,6 @@ fi
 log "python: installing project [$extras] (first time downloads pyspark, ~400 MB)"
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --progress-bar off -e "$REPO_ROOT[$extras]" 2>&1 | grep -vE '^(Requirement already satisfied|  )' >&2 || true
-"$VENV/bin/python" -c "import dedup_worker, dedup_operator, dedup_spark" || die "project import failed"
+"$VENV/bin/python" -c "import dedup_worker, dedup_operator, dedup_spark, dedup_worker._murmur2" || die "project import failed"
 echo "$want:$extras:$REPO_ROOT" > "$STAMP"
 log "python: ready"

@@ -57,8 +57,9 @@ from dedup_local.paths import REPO_ROOT, cache_dir
 from dedup_local.pod_health import unhealthy
 from dedup_operator import ctl, ctl_view
 from dedup_operator.observed import parse_time
-from dedup_worker.ids import ID_HEADER, partition_for
+from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DLQ_REASON
+from dedup_worker.ownership import owner
 
 PARTITIONS = 3
 BACKLOG = 6_000  # produced before the operator is installed
@@ -147,7 +148,7 @@ class Events:
                 "events",
                 value=value.encode(),
                 key=message_id.encode(),
-                partition=partition_for(message_id, PARTITIONS),
+                partition=owner(message_id, PARTITIONS),
             )
         self._producer.poll(0)
 

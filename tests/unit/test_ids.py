@@ -1,4 +1,4 @@
-"""Id extraction, hashing and partitioning: the rules every part imports from dedup_worker.ids."""
+"""Id extraction and hashing: the rules every part imports from dedup_worker.ids."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from dedup_worker.ids import (
     InvalidRecord,
     extract_id,
     id_key,
-    murmur2,
-    partition_for,
 )
 
 JSON = IdSpec()
@@ -206,55 +204,6 @@ def test_id_key_is_blake2b_128_of_utf8() -> None:
     assert len(id_key("x" * MAX_ID_BYTES)) == 16
     assert id_key("zürich") != id_key("zurich")
     assert ID_HEADER == "dedup.id"
-
-
-# Kafka's clients/src/test/.../utils/UtilsTest.testMurmur2 (Java's Utils.murmur2).
-KAFKA_VECTORS = {
-    b"21": -973932308,
-    b"foobar": -790332482,
-    b"a-little-bit-long-string": -985981536,
-    b"a-little-bit-longer-string": -1486304829,
-    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-    b"abc": 479470107,
-}
-
-# librdkafka src/rdmurmur2.c unittest_murmur2 "java_murmur2_results" (unsigned hex).
-LIBRDKAFKA_VECTORS = {
-    b"kafka": 0xD067CF64,
-    b"giberish123456789": 0x8F552B0C,
-    b"1234": 0x9FC97B14,
-    b"234": 0xE7C009CA,
-    b"34": 0x873930DA,
-    b"4": 0x5A4B5CA1,
-    b"PreAmbleWillBeRemoved,ThePrePartThatIs": 0x78424F1C,
-    b"reAmbleWillBeRemoved,ThePrePartThatIs": 0x4A62B377,
-    b"eAmbleWillBeRemoved,ThePrePartThatIs": 0xE0E4E09E,
-    b"AmbleWillBeRemoved,ThePrePartThatIs": 0x62B8B43F,
-    b"": 0x106E08D9,
-}
-
-
-@pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS.items())
-def test_murmur2_matches_kafka_utils_test(data: bytes, expected: int) -> None:
-    assert murmur2(data) == expected
-
-
-@pytest.mark.parametrize(("data", "expected"), LIBRDKAFKA_VECTORS.items())
-def test_murmur2_matches_librdkafka(data: bytes, expected: int) -> None:
-    assert murmur2(data) & 0xFFFFFFFF == expected
-
-
-def test_partition_for_is_kafka_default_partitioner() -> None:
-    for data, hashed in KAFKA_VECTORS.items():
-        for partitions in (1, 3, 12, 100):
-            expected = (hashed & 0x7FFFFFFF) % partitions
-            assert partition_for(data, partitions) == expected
-            assert partition_for(data.decode(), partitions) == expected
-    # "21" hashes negative: toPositive masks the sign bit (not abs(), not a signed modulo).
-    assert partition_for("21", 7) == 3  # abs() would give 6, Python's signed % gives 1
-    assert partition_for("ü", 7) == partition_for("ü".encode(), 7)
-    with pytest.raises(ValueError, match="positive"):
-        partition_for("a", 0)
 
 
 # The fast JSON path (orjson) must decide exactly as the standard parser does.

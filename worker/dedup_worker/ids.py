@@ -1,4 +1,5 @@
-"""How a message id is extracted, hashed and partitioned: the one place for these rules.
+"""How a message id is extracted and hashed: the one place for these rules (which worker
+owns an id is `dedup_worker.ownership`'s).
 
 The worker, the Spark jobs and the tests import this module; nothing re-implements it.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -206,47 +206,6 @@ def id_keys(utf8_ids: Iterable[bytes]) -> list[bytes]:
 # A fresh BLAKE2b of the key's digest size, copied for each key: a copy costs 0.29 us
 # per key where constructing one (its keyword arguments parsed) costs 0.59 us.
 _ID_HASH: Final = hashlib.blake2b(digest_size=ID_KEY_BYTES)
-
-
-def partition_for(message_id: str | bytes, partitions: int) -> int:
-    """The partition Kafka's default (Java) partitioner picks for a record keyed by the id.
-
-    ``toPositive(murmur2(key)) % partitions`` with the key as UTF-8 bytes; librdkafka's
-    ``murmur2_random`` partitioner agrees.
-    """
-    if partitions < 1:
-        raise ValueError(f"partitions must be positive, not {partitions}")
-    data = message_id.encode() if isinstance(message_id, str) else message_id
-    return (murmur2(data) & 0x7FFFFFFF) % partitions
-
-
-_M: Final = 0x5BD1E995
-_MASK: Final = 0xFFFFFFFF
-_SEED: Final = 0x9747B28C
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2``: 32-bit MurmurHash2, seed 0x9747b28c, as a signed int."""
-    length = len(data)
-    h = (_SEED ^ length) & _MASK
-    whole = length & ~3
-    for k in struct.unpack_from(f"<{whole >> 2}I", data):
-        k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
-    tail = length & 3
-    if tail:
-        if tail == 3:
-            h ^= data[whole + 2] << 16
-        if tail >= 2:
-            h ^= data[whole + 1] << 8
-        h ^= data[whole]
-        h = (h * _M) & _MASK
-    h ^= h >> 13
-    h = (h * _M) & _MASK
-    h ^= h >> 15
-    return h - 0x100000000 if h & 0x80000000 else h
 
 
 # --- extraction helpers ------------------------------------------------------------
