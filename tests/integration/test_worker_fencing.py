@@ -21,6 +21,7 @@ from support.fencing_helpers import (
     Streams,
     fenced_lines,
     http_status,
+    log_records,
     tail,
     wait_committed,
     wait_exit,
@@ -60,6 +61,9 @@ def assert_fenced_once(proc: subprocess.Popen[bytes], log: Path) -> str:
     assert "Traceback" not in text, text
     lines = fenced_lines(log)
     assert len(lines) == 1, text
+    # A fence stays an ERROR, the log's only one (librdkafka's own lines about the fence
+    # are WARNINGs: the worker reports it, once).
+    assert [r for r in log_records(log) if r.get("level") == "ERROR"] == lines, text
     assert "another worker took over" in lines[0]["message"]
     assert lines[0]["exit_code"] == EXIT_FENCED
     print("old worker:", lines[0]["message"])

@@ -41,8 +41,9 @@ from confluent_kafka import (
 )
 
 from dedup_worker import batch as batch_rules
-from dedup_worker import faults
+from dedup_worker import broker_logs, faults
 from dedup_worker.batch import DeadLetter, Firsts, Headers, Triage, select_new, triage
+from dedup_worker.broker_logs import STATISTICS_INTERVAL_MS, ConnectionLog
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
@@ -52,8 +53,11 @@ from dedup_worker.recovery import catch_up
 from dedup_worker.store import Store
 
 log = logging.getLogger(__name__)
-# librdkafka's own log lines (delivered on poll) go through our structured logging.
-LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+# librdkafka's own log lines (delivered on poll) go through our structured logging, the
+# logger `librdkafka`: each client's through its ConnectionLog (broker_logs.py), which
+# passes a connection failure at WARNING while a broker is up or all have been down for
+# less than 30 s.
+LIBRDKAFKA_LOG = broker_logs.LIBRDKAFKA_LOG
 
 
 class FenceReportedByTheWorker(logging.Filter):
@@ -204,6 +208,9 @@ class DedupWorker:
         self.store: Store | None = None
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
+        # each client's log lines, judged by what that client reports of its brokers
+        self._producer_log = ConnectionLog()
+        self._consumer_log = ConnectionLog()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -234,6 +241,7 @@ class DedupWorker:
         except KafkaException as exc:
             self._raise_if_fenced(exc, "init_transactions")
             raise
+        self._producer_log.request_succeeded()
         self.consumer = Consumer(self._consumer_settings())
         rebuild_from = None
         if cfg.window.duration_ms is not None:
@@ -553,6 +561,7 @@ class DedupWorker:
                 return False
             sent = time.time()
             producer.commit_transaction()
+            self._producer_log.request_succeeded()
         except KafkaException as exc:
             self._raise_if_fenced(
                 exc, "commit (flush, send_offsets_to_transaction, commit_transaction)"
@@ -645,9 +654,11 @@ class DedupWorker:
         ) from exc
 
     def _on_kafka_error(self, err: KafkaError | None) -> None:
-        """librdkafka's error callback: remembers the producer's fatal error (a fence)."""
+        """The producer's error callback: remembers its fatal error (a fence), and tells
+        its log hook when all brokers are down."""
         if isinstance(err, KafkaError) and err.fatal() and self._fatal is None:
             self._fatal = err
+        self._producer_log.error(err)
 
     def _produce(
         self,
@@ -755,7 +766,10 @@ class DedupWorker:
             "bootstrap.servers": cfg.bootstrap_servers,
             "transactional.id": cfg.transactional_id,
             "error_cb": self._on_kafka_error,
-            "logger": LIBRDKAFKA_LOG,
+            # No statistics: a producer is polled only while a batch commits, and an idle
+            # one would pile up a report a second. A committed transaction proves a
+            # broker up instead.
+            "logger": self._producer_log,
             "transaction.timeout.ms": cfg.transaction_timeout_ms,
             "linger.ms": 5,
             "batch.size": 1_000_000,
@@ -768,7 +782,11 @@ class DedupWorker:
         return {
             "bootstrap.servers": cfg.bootstrap_servers,
             "group.id": cfg.group,
-            "logger": LIBRDKAFKA_LOG,
+            "logger": self._consumer_log,
+            "error_cb": self._consumer_log.error,
+            # The consumer is polled all the time: its reports say when a broker is up.
+            "stats_cb": self._consumer_log.statistics,
+            "statistics.interval.ms": STATISTICS_INTERVAL_MS,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
