@@ -5,8 +5,8 @@ the tests that cause no fault (each names what it checks).
 
 A line is ERROR when it is a JSON object whose level says so (the worker's
 `"level": "ERROR"`, kopf's `"severity": "error"`, CRITICAL alike), or a plain line
-with ` ERROR ` or a Python traceback. A permission warning is any line that says
-forbidden, 403 or that a watch or list cannot be done.
+with ` ERROR ` or a Python traceback. A permission warning is a line with the API
+server's refusal as clients print it (Forbidden, (403), code 403, cannot <verb> resource).
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from dedup_local.cluster import LocalCluster
 
 ERROR_LEVELS = {"ERROR", "CRITICAL"}
-PERMISSION = re.compile(r"[Ff]orbidden|\b403\b|cannot (watch|list|get) resource")
+# the API server's refusals as the clients print them: "Forbidden", "(403)", "code":403,
+# "cannot watch resource ..." (not any 403 in a line: topic names hold random digits)
+PERMISSION = re.compile(
+    r"[Ff]orbidden|\(403\)|\"code\\?\"?: ?403|cannot (watch|list|get|create|update|patch|delete) resource"
+)
 
 
 def error_line(line: str) -> bool:
