@@ -14,8 +14,14 @@ dicts and text. Every field shown comes from there:
   `dedup_records_in_total` over the time between them. A value nobody reported is None
   (shown as "—").
 
-The JSON document of `status -o json` is `STATUS_SCHEMA_VERSION` 1; its keys are pinned
-by a unit test: add keys only with a new version.
+The JSON document of `status -o json` is `STATUS_SCHEMA_VERSION` 2 (2 added the
+handovers' `releaseWhy`); its keys are pinned by a unit test: add keys only with a new
+version.
+
+A handover that waits on Kubernetes' own 6-minute force-detach (its out-of-service taint
+blocked by other workloads on the lost node, or `releaseVolume: WaitForDetach`) is said
+in plain words under `force-detach:`, with the pods that block the taint, from the
+handover's `release` and `releaseWhy` (`force_detach_text`).
 """
 
 from __future__ import annotations
@@ -26,11 +32,28 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from dedup_operator.failover import (
+    FAILOVER_EVENTS,
+    FORCE_DETACH,
+    PLANNED_EVENTS,
+    Release,
+    taint_blocked_by,
+)
 from dedup_operator.kube import worker_counters
 from dedup_operator.observed import parse_time
 
+# The Events that begin and complete a handover; a completion's handover reason (None:
+# a failover, whose reason its start told)
+STARTED_EVENTS: Final = frozenset(
+    started for _, started, _ in (FAILOVER_EVENTS, *PLANNED_EVENTS.values())
+)
+COMPLETED_EVENTS: Final[dict[str, str | None]] = {
+    FAILOVER_EVENTS[2]: None,
+    **{completed: reason.value for reason, (_, _, completed) in PLANNED_EVENTS.items()},
+}
+
 DASH: Final = "—"
-STATUS_SCHEMA_VERSION: Final = 1
+STATUS_SCHEMA_VERSION: Final = 2
 STEPS: Final = ("fenced", "released", "detached", "started", "ready")
 
 
@@ -99,6 +122,7 @@ def handover_doc(h: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "fromNode": h.get("fromNode"),
         "toPod": h.get("toPod"),
         "release": h.get("release"),
+        "releaseWhy": h.get("releaseWhy"),
         "steps": steps,
         "totalSeconds": total,
         "complete": "ready" in steps,
@@ -260,6 +284,49 @@ def handover_text(h: Mapping[str, Any] | None, now: datetime) -> str:
     return f"{head} ({steps_text(h.get('steps') or {})})"
 
 
+FORCE_DETACH_S: Final = 360  # kube-controller-manager's maxWaitForUnmountDuration
+
+
+def force_detach_text(h: Mapping[str, Any] | None, now: datetime) -> str | None:
+    """Plain words for a handover in progress that waits on Kubernetes' 6-minute
+    force-detach, and why: which pods block the out-of-service taint (a `TaintBlocked`
+    release), or the policy; None for any other handover."""
+    if not h or h.get("complete") or "detached" in (h.get("steps") or {}):
+        return None
+    release, why = h.get("release"), str(h.get("releaseWhy") or "")
+    if release not in (Release.TAINT_BLOCKED.value, Release.WAIT_FOR_DETACH.value):
+        return None
+    if FORCE_DETACH not in why:
+        return None  # e.g. the Node object was deleted: no 6-minute wait
+    node = h.get("fromNode") or "its node"
+    steps = h.get("steps") or {}
+    started = parse_time(h.get("started"))
+    left = ""
+    if "released" in steps and started is not None:
+        waited = (now - started).total_seconds() - float(steps["released"])
+        remaining = int(FORCE_DETACH_S - waited)
+        left = (
+            f" (about {remaining // 60}m{remaining % 60:02d}s left)"
+            if remaining > 0
+            else " (due now)"
+        )
+    head = f"waits for Kubernetes' 6-minute force-detach of its volume{left}"
+    if release == Release.WAIT_FOR_DETACH.value:
+        return f"{head}: releaseVolume is WaitForDetach (the operator never taints)"
+    blockers = taint_blocked_by(why)
+    if blockers is None:
+        return (
+            f"{head}: the operator could not list the pods on {node}, so it does not taint "
+            "it out-of-service (it needs list pods in every namespace)"
+        )
+    return (
+        f"{head}: the out-of-service taint on {node} is blocked by {', '.join(blockers)} "
+        f"(not dedup workers; the taint would evict {'it' if len(blockers) == 1 else 'them'}). "
+        "Faster: a dedicated node pool for the workers, or the cloud's shutdown signal "
+        "(node.cloudprovider.kubernetes.io/shutdown) on the node"
+    )
+
+
 def audit_text(a: Mapping[str, Any] | None, now: datetime) -> str:
     if not a:
         return DASH
@@ -355,6 +422,14 @@ def render_status(doc: Mapping[str, Any], now: datetime) -> str:
         if waiting:
             out.append("waiting:")
             out.extend(waiting)
+        detach = [
+            f"  p{q['partition']}: {text}"
+            for q in p["partitionStatus"]
+            if (text := force_detach_text(q["handover"], now))
+        ]
+        if detach:
+            out.append("force-detach:")
+            out.extend(detach)
         out.append(f"last audit: {audit_text(p['lastReconciliation'], now)}")
         bad = [
             f"  {t}: {c['reason']}: {c['message']}"
@@ -389,8 +464,9 @@ def failover_rows(
     body: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The handover history of a pipeline, oldest first: each started/completed/cancelled
-    handover from its Events (`FailoverStarted`/`RollStarted`, `FailoverCompleted`/
-    `RollCompleted`, `FailoverCancelled`; `events` as {type, reason, message, time}),
+    handover from its Events (`failover.handover_events`: `FailoverStarted`,
+    `RollStarted`, `DrainStarted` and their `...Completed`, `FailoverCancelled`; `events`
+    as {type, reason, message, time}),
     joined with status (`lastHandover`: the exact step times of each partition's last
     one; `handover`: one in progress). Events expire (the API server keeps them an hour
     by default), so older handovers may be missing; status always has the last one."""
@@ -398,7 +474,7 @@ def failover_rows(
     open_by_partition: dict[int, dict[str, Any]] = {}
     for e in sorted(events, key=lambda e: str(e.get("time") or "")):
         reason, message, at = str(e.get("reason")), str(e.get("message") or ""), e.get("time")
-        if reason in ("FailoverStarted", "RollStarted"):
+        if reason in STARTED_EVENTS:
             m = _STARTED.match(message)
             if not m:
                 continue
@@ -417,7 +493,7 @@ def failover_rows(
             }
             rows.append(row)
             open_by_partition[int(m["p"])] = row
-        elif reason in ("FailoverCompleted", "RollCompleted"):
+        elif reason in COMPLETED_EVENTS:
             m = _COMPLETED.match(message)
             if not m:
                 continue
@@ -428,7 +504,7 @@ def failover_rows(
             else:  # its start expired or was never told
                 row = {
                     "partition": p,
-                    "reason": "SpecChanged" if reason == "RollCompleted" else None,
+                    "reason": COMPLETED_EVENTS[reason],  # None: some failover
                     "started": None,
                     "fromPod": None,
                     "fromNode": None,

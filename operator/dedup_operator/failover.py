@@ -37,11 +37,20 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
                     worker whose Lease has run out: the taint force-detaches every volume
                     on the node, and only our Lease proves a writer has stopped. While
                     such workers (other partitions, other pipelines) still hold their
-                    Leases the operator waits for them;
+                    Leases the operator waits for them. Or when the node is **shut down**:
+                    the cloud provider's `node.cloudprovider.kubernetes.io/shutdown` taint
+                    is on it (the cloud node lifecycle controller sets it once the instance
+                    is stopped, and only after the node is NotReady): nothing runs there
+                    any more, so other workloads no longer block the taint (it evicts what
+                    Kubernetes would recreate elsewhere anyway); dedup workers there must
+                    still have their Leases run out (the double fence is the same);
                   - `TaintBlocked`: the policy is OutOfServiceTaint but another workload
                     runs on the node (or its pods could not be listed): no taint; the
                     operator force-deletes only its own pod and waits for the attach/detach
-                    controller's own force-detach (6 minutes), naming the blocking pods;
+                    controller's own force-detach (6 minutes), naming the blocking pods.
+                    If the shutdown taint appears while it waits (the node turns NotReady
+                    after the operator decided), the node is tainted then after all
+                    (released by `OutOfServiceTaint`), so the wait is that much shorter;
                   - `WaitForDetach` (policy): the same without looking for a taint (and
                     whatever the policy, when the Node object was deleted);
                   - `External` (policy): the operator never taints; it waits for someone
@@ -76,11 +85,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from dedup_worker import lease_clock
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# Set by the cloud node lifecycle controller on a NotReady node whose instance the cloud
+# provider reports shut down (removed when the instance runs again).
+SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
 STEPS = ("fenced", "released", "detached", "started", "ready")
 
 
@@ -106,7 +118,32 @@ class HandoverReason(StrEnum):
     NODE_LOST = "NodeLost"
     POD_FAILED = "PodFailed"
     POD_GONE = "PodGone"
+    # Planned: the worker's pod went away (evicted by `kubectl drain`, or deleted) while
+    # its node was cordoned; the worker stopped cleanly and released its Lease.
+    NODE_DRAINED = "NodeDrained"
     SPEC_CHANGED = "SpecChanged"
+
+    @property
+    def planned(self) -> bool:
+        """Asked for (a spec change rolled, a node drained), not a fault: not counted as
+        a failover, told by Normal Events."""
+        return self in PLANNED_EVENTS
+
+
+# How a handover is told in Events: (type, reason when it begins, when it completes).
+FAILOVER_EVENTS: Final = ("Warning", "FailoverStarted", "FailoverCompleted")
+PLANNED_EVENTS: Final = {
+    HandoverReason.SPEC_CHANGED: ("Normal", "RollStarted", "RollCompleted"),
+    HandoverReason.NODE_DRAINED: ("Normal", "DrainStarted", "DrainCompleted"),
+}
+
+
+def handover_events(reason: HandoverReason | str | None) -> tuple[str, str, str]:
+    """The Events of a handover of `reason` (a failover's when it is not a planned one)."""
+    for planned, told in PLANNED_EVENTS.items():
+        if reason == planned:
+            return told
+    return FAILOVER_EVENTS
 
 
 @dataclass(frozen=True)
@@ -185,6 +222,11 @@ class NodeView:
     ready: str  # the Ready condition's status: "True", "False" or "Unknown"
     ready_since: datetime | None  # its lastTransitionTime
     out_of_service: bool = False
+    # The cloud provider's shutdown taint (`SHUTDOWN_TAINT`) is on the node: its instance
+    # is stopped, nothing of it runs.
+    shut_down: bool = False
+    # Cordoned (spec.unschedulable): being drained, or about to be.
+    cordoned: bool = False
     # The pipelines ("namespace/name") relying on an out-of-service taint the operator
     # added (the node's annotation); empty: no taint, or someone else's.
     tainted_by: tuple[str, ...] = ()
@@ -317,6 +359,7 @@ class PartitionObservation:
     handover: Handover | None
     desired_hash: str | None = None  # the pod template's hash the spec asks for
     may_roll: bool = False  # every other partition is Ready: a spec change may roll here
+    last_node: str | None = None  # the node the status last saw its worker on
 
 
 # --------------------------------------------------------------------------- actions
@@ -414,6 +457,9 @@ def partition_action(obs: PartitionObservation, policy: FailoverPolicy, now: dat
     if current is None:
         if obs.lease.epoch == 0 and not obs.lease.holder:
             return Decision(CreatePod(epoch=1), None)  # first start
+        last = obs.nodes.get(obs.last_node) if obs.last_node else None
+        if last is not None and last.cordoned:  # a drain evicted it: a planned handover
+            return _begin(HandoverReason.NODE_DRAINED, None, obs, now)
         return _begin(HandoverReason.POD_GONE, None, obs, now)
     node = obs.nodes.get(current.node) if current.node else None
     if current.node and (node is None or node.lost_for(now) >= policy.node_lost_after):
@@ -459,7 +505,9 @@ def _begin(
         started=now,
         from_epoch=max(pod.epoch if pod else 0, lease_epoch),
         from_pod=pod.name if pod else (obs.lease.holder if obs.lease else None),
-        from_node=pod.node if pod else None,
+        from_node=pod.node
+        if pod
+        else (obs.last_node if reason == HandoverReason.NODE_DRAINED else None),
     )
     return Decision(BeginHandover(handover), handover)
 
@@ -528,6 +576,9 @@ def _continue_handover(
 
     # 3. detached: no VolumeAttachment of the volume is left.
     if obs.attachments:
+        after_all = _taint_after_all(obs, h, back, policy, now)
+        if after_all is not None:
+            return after_all
         names = ", ".join(f"{a.name} on {a.node}" for a in obs.attachments)
         waited = now - (h.started + timedelta(seconds=h.steps["released"]))
         degraded = None
@@ -635,44 +686,124 @@ def _release_lost(
             )
         waiting = Steady(waiting_for=f"an out-of-service taint on node {node.name} (External)")
         return Decision(waiting, h, degraded, "NoOutOfServiceTaint" if degraded else None)
-    # OutOfServiceTaint: only a node whose every pod the taint evicts is a fenced worker.
-    blockers = taint_blockers(node, now)
-    if blockers is None or blockers[0]:
-        who = (
-            f"its pods could not be listed ({node.name})"
-            if blockers is None
-            else f"it would evict {', '.join(blockers[0])}"
-        )
-        h = h.released_by(
-            Release.TAINT_BLOCKED,
-            f"not tainting node {node.name} out-of-service: {who}; "
-            f"pod force-deleted, waiting for {FORCE_DETACH}",
-        )
+    # OutOfServiceTaint: only a node whose every pod the taint evicts is a fenced worker,
+    # or a node shut down whose dedup workers are fenced.
+    verdict = taint_verdict(node, now)
+    if verdict.blocked is not None:
+        h = h.released_by(Release.TAINT_BLOCKED, taint_blocked_why(node.name, verdict.blocked))
         why = f"its node is lost; the out-of-service taint on {node.name} is blocked"
         return Decision(DeletePods(names, force=True, why=why), h)
-    if blockers[1]:
-        until = min(blockers[1].values())
+    if verdict.waiting is not None:
+        return Decision(verdict.waiting, h)
+    assert verdict.safe is not None
+    h = h.released_by(Release.OUT_OF_SERVICE_TAINT, verdict.safe)
+    return Decision(TaintOutOfService(node.name), h)
+
+
+def _taint_after_all(
+    obs: PartitionObservation,
+    h: Handover,
+    node: NodeView | None,
+    policy: FailoverPolicy,
+    now: datetime,
+) -> Decision | None:
+    """A handover whose out-of-service taint was blocked, waiting for the attach/detach
+    controller's force-detach, on a node that has since been shut down (the cloud's taint
+    comes only once the node is NotReady, often after the operator decided): taint it
+    after all once its dedup workers are fenced. None: keep waiting for the detach."""
+    if (
+        h.reason != HandoverReason.NODE_LOST
+        or h.release != Release.TAINT_BLOCKED
+        or policy.release_volume != ReleaseVolume.OUT_OF_SERVICE_TAINT
+        or node is None
+        or node.up
+        or node.out_of_service
+        or not node.shut_down
+        or full_disruption(obs.nodes, policy.node_lost_after, now)
+    ):
+        return None
+    verdict = taint_verdict(node, now)
+    if verdict.waiting is not None:
+        return Decision(verdict.waiting, h)
+    if verdict.safe is None:
+        return None
+    h = h.released_by(Release.OUT_OF_SERVICE_TAINT, verdict.safe)
+    return Decision(TaintOutOfService(node.name), h)
+
+
+@dataclass(frozen=True)
+class TaintVerdict:
+    """May a lost node be tainted out-of-service now? Exactly one field is set: `safe`,
+    the release reason naming the signal that made it safe; `blocked`, why not (the pods
+    it would evict, or that they are unknown); `waiting`, for the dedup workers there
+    that still hold their Leases."""
+
+    safe: str | None = None
+    blocked: str | None = None
+    waiting: Steady | None = None
+
+
+def taint_verdict(node: NodeView, now: datetime) -> TaintVerdict:
+    """The out-of-service taint on a lost node (policy OutOfServiceTaint): safe when every
+    pod it evicts is a fenced dedup worker, or when the node is shut down (the cloud's
+    `SHUTDOWN_TAINT`: nothing runs there, so other workloads do not block it) and its
+    dedup workers are fenced. Dedup workers still holding their Leases are waited for
+    whatever the signal (the double fence); unknown pods always block."""
+    blockers = taint_blockers(node, now)
+    if blockers is None:
+        return TaintVerdict(blocked=f"its pods could not be listed ({node.name})")
+    foreign, holding = blockers
+    if foreign and not node.shut_down:
+        return TaintVerdict(blocked=f"{EVICTS}{', '.join(foreign)}")
+    if holding:
         waiting = Steady(
             waiting_for=(
-                f"dedup workers {', '.join(sorted(blockers[1]))} on node {node.name} "
+                f"dedup workers {', '.join(sorted(holding))} on node {node.name} "
                 "to be fenced before tainting it"
             ),
-            until=until,
+            until=min(holding.values()),
         )
-        return Decision(waiting, h)
-    h = h.released_by(
-        Release.OUT_OF_SERVICE_TAINT,
-        f"node {node.name} tainted out-of-service: it runs only fenced dedup workers",
+        return TaintVerdict(waiting=waiting)
+    tainted = f"node {node.name} tainted out-of-service"
+    shut = f"node {node.name} is shut down ({SHUTDOWN_TAINT})"
+    if foreign:
+        return TaintVerdict(
+            safe=f"{tainted}: {shut}, so the pods it evicts ({', '.join(foreign)}) no longer "
+            "run; its dedup workers are fenced"
+        )
+    if node.shut_down:
+        return TaintVerdict(safe=f"{tainted}: {shut}; it runs only fenced dedup workers")
+    return TaintVerdict(safe=f"{tainted}: it runs only fenced dedup workers")
+
+
+EVICTS = "it would evict "
+
+
+def taint_blocked_why(node: str, who: str) -> str:
+    """The release reason of `Release.TAINT_BLOCKED` (`who`: why the taint is blocked)."""
+    return (
+        f"not tainting node {node} out-of-service: {who}; "
+        f"pod force-deleted, waiting for {FORCE_DETACH}"
     )
-    return Decision(TaintOutOfService(node.name), h)
+
+
+def taint_blocked_by(release_why: str | None) -> tuple[str, ...] | None:
+    """The pods ("namespace/name") a `TaintBlocked` release reason names as blocking the
+    taint (`taint_blocked_why`); None when it names none (its pods could not be listed)."""
+    head, found, rest = (release_why or "").partition(EVICTS)
+    if not found or not head.startswith("not tainting node "):
+        return None
+    pods = rest.split(";", 1)[0]
+    return tuple(p.strip() for p in pods.split(",") if p.strip())
 
 
 def taint_blockers(
     node: NodeView, now: datetime
 ) -> tuple[tuple[str, ...], dict[str, datetime]] | None:
     """What stands between a lost node and the out-of-service taint: the pods it would
-    evict that are not dedup workers ("namespace/name"), and the dedup workers whose
-    Lease has not run out yet (with when it will). None: the node's pods are unknown."""
+    evict that are not dedup workers ("namespace/name"; they block it unless the node is
+    shut down, `taint_verdict`), and the dedup workers whose Lease has not run out yet
+    (with when it will; they always do). None: the node's pods are unknown."""
     if node.pods is None:
         return None
     evicted = [p for p in node.pods if p.evicted_by_taint()]

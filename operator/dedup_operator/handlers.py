@@ -65,9 +65,13 @@ def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
     meta = body["metadata"]
     where = f"{meta['namespace']}/{meta['name']}"
 
-    def record(type_: str, reason: str, message: str) -> None:
+    def record(type_: str, reason: str, message: str, error: bool = False) -> None:
         kube.event(body, type_, reason, message)
-        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        level = logging.INFO
+        if error:
+            level = logging.ERROR
+        elif type_ == "Warning":
+            level = logging.WARNING
         log.log(level, "%s: %s", reason, message, extra={"pipeline": where, "reason": reason})
 
     return record

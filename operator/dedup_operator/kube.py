@@ -31,6 +31,7 @@ from dedup_operator.desired.audit import (
     SPARK_OPERATOR_VERSION,
 )
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_worker import broker_logs
 
 log = logging.getLogger("dedup_operator.kube")
 
@@ -194,6 +195,15 @@ class Kube:
         rbac = client.RbacAuthorizationV1Api(self.api)
         meta = body["metadata"]
         rbac.patch_namespaced_role(meta["name"], meta["namespace"], {"rules": body["rules"]})
+
+    def replace_disruption_budget_spec(self, body: Mapping[str, Any]) -> None:
+        """Keep the workers' PodDisruptionBudget in step with the spec (its minAvailable
+        follows spec.partitions; budgets made before it was a number are corrected)."""
+        self._may_act("update the PodDisruptionBudget")
+        meta = body["metadata"]
+        client.PolicyV1Api(self.api).patch_namespaced_pod_disruption_budget(
+            meta["name"], meta["namespace"], {"spec": body["spec"]}
+        )
 
     def create_pod(self, body: Mapping[str, Any]) -> bool:
         self._may_act(f"create pod {body['metadata']['name']}")
@@ -738,7 +748,12 @@ def check_input_topic(
     bootstrap: str, settings: Mapping[str, str], topic: str, expected: int, timeout_s: float = 5.0
 ) -> TopicCheck:
     """Does the input topic exist with `expected` partitions (spec.partitions)?"""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **settings})
+    # librdkafka's lines through logging (JSON, not raw `%3|...|FAIL|` on stderr), a
+    # failed connection at WARNING: a client of 5 s never sees all brokers down for 30 s;
+    # an unreachable Kafka is the TopicReady condition's ERROR line
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, **settings, "logger": broker_logs.ConnectionLog()}
+    )
     try:
         meta = admin.list_topics(topic=topic, timeout=timeout_s)
     except KafkaException as exc:

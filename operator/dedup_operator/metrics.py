@@ -16,7 +16,7 @@ RECONCILE_SECONDS = Histogram(
 )
 FAILOVERS_STARTED = Counter(
     "dedup_operator_failovers_started",
-    "Partition handovers begun, by reason (NodeLost, PodFailed, PodGone, SpecChanged)",
+    "Partition handovers begun, by reason (NodeLost, PodFailed, PodGone, NodeDrained, SpecChanged)",
     ("namespace", "pipeline", "reason"),
 )
 FAILOVERS = Counter(

@@ -19,6 +19,7 @@ from typing import Any
 from dedup_operator import names
 from dedup_operator.failover import (
     OUT_OF_SERVICE_TAINT,
+    SHUTDOWN_TAINT,
     AttachmentView,
     LeaseView,
     NodePod,
@@ -79,6 +80,8 @@ def node_view(
         ready=str(ready.get("status", "Unknown")) if ready else "Unknown",
         ready_since=parse_time(ready.get("lastTransitionTime")) if ready else None,
         out_of_service=any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints),
+        shut_down=any(t.get("key") == SHUTDOWN_TAINT for t in taints),
+        cordoned=bool((node.get("spec") or {}).get("unschedulable")),
         tainted_by=taint_owners(by),
         heartbeat_age=age,
         heartbeat_stale=age is not None and lost_after is not None and age >= lost_after,

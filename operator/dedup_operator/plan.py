@@ -33,7 +33,6 @@ from dedup_operator.failover import (
     Decision,
     FailoverPolicy,
     Handover,
-    HandoverReason,
     LeaseView,
     NodeView,
     PartitionObservation,
@@ -41,6 +40,7 @@ from dedup_operator.failover import (
     Release,
     Steady,
     TaintOutOfService,
+    handover_events,
     join_out_of_service_taint,
     partition_action,
     remove_out_of_service_taint,
@@ -187,7 +187,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         1
         for d in decisions.values()
         if isinstance(d.action, CompleteHandover)
-        and d.action.handover.reason != HandoverReason.SPEC_CHANGED  # a roll is not a failover
+        and not d.action.handover.reason.planned  # a roll or a drain is not a failover
     )
     record = None
     if changed or marking:
@@ -254,6 +254,7 @@ def _decide_partitions(
             handover=Handover.from_status(prev["handover"]) if prev.get("handover") else None,
             desired_hash=desired_partition.template_hash(spec, p),
             may_roll=may_roll,
+            last_node=prev.get("node"),
         )
         decision = partition_action(partition_obs, policy, now)
         decisions[p] = decision
@@ -293,10 +294,10 @@ def _completed(handover: Mapping[str, Any], pod: str) -> dict[str, Any]:
 
 def _completion_event(p: int, last: Mapping[str, Any]) -> Event:
     steps = last.get("steps") or {}
-    rolling = last.get("reason") == HandoverReason.SPEC_CHANGED.value
+    _, _, completed = handover_events(last.get("reason"))
     return (
         "Normal",
-        "RollCompleted" if rolling else "FailoverCompleted",
+        completed,
         f"partition {p}: {last.get('toPod')} is Ready after "
         f"{float(steps.get('ready', 0.0)):.1f}s "
         f"({', '.join(f'{k} {float(v):.1f}s' for k, v in steps.items())})",
@@ -314,11 +315,11 @@ def _events(p: int, d: Decision, previous: Mapping[str, Any]) -> tuple[Event, ..
         events.append(_completion_event(p, untold))
     if isinstance(action, BeginHandover):
         h = action.handover
-        rolling = h.reason == HandoverReason.SPEC_CHANGED
+        type_, started, _ = handover_events(h.reason)
         events.append(
             (
-                "Normal" if rolling else "Warning",
-                "RollStarted" if rolling else "FailoverStarted",
+                type_,
+                started,
                 f"partition {p}: {h.reason.value}: moving from {h.from_pod or '-'} on "
                 f"{h.from_node or '-'} (epoch {h.from_epoch})",
             )

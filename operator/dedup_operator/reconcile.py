@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from dedup_operator import audit_result, metrics, names
 from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired import partition as desired_partition
 from dedup_operator.desired.owner import Owner
-from dedup_operator.desired.pipeline import pipeline_objects, role
+from dedup_operator.desired.pipeline import disruption_budget, pipeline_objects, role
 from dedup_operator.failover import (
     BeginHandover,
     CompleteHandover,
@@ -80,8 +80,12 @@ from dedup_worker.lease_clock import ContinuousView, LeaseClock
 
 log = logging.getLogger("dedup_operator.reconcile")
 
-# (type "Normal"|"Warning", reason, message) -> an Event on the pipeline
-Recorder = Callable[[str, str, str], None]
+
+class Recorder(Protocol):
+    """(type "Normal"|"Warning", reason, message) -> an Event on the pipeline and a log
+    line; `error`: the pipeline cannot keep its promise (its log line is ERROR)."""
+
+    def __call__(self, type_: str, reason: str, message: str, error: bool = False) -> None: ...
 
 
 @dataclass
@@ -293,6 +297,7 @@ def _ensure_objects(
         for obj in pipeline_objects(spec, owner):
             kube.ensure(obj)
         kube.replace_role_rules(role(spec, owner))
+        kube.replace_disruption_budget_spec(disruption_budget(spec, owner))
         _schedule_audit(kube, spec, owner, cleanup=due)
         memory.ensured = (generation, time.monotonic())
     claims = kube.volume_claims(spec.namespace, spec.name)
@@ -329,7 +334,8 @@ def _observe(
     topic = _topic(kube, spec, memory, settings)
     was = next((c for c in previous.get("conditions") or [] if c.get("type") == "TopicReady"), None)
     if not topic.ok and (was is None or was.get("reason") != topic.reason):
-        record("Warning", topic.reason, topic.message)
+        # TopicReady failing: no promise can be kept until it is fixed, an ERROR line
+        record("Warning", topic.reason, topic.message, error=True)
 
     raw_leases = kube.leases(namespace, name)
     heartbeats = kube.node_leases()  # None: unreadable, the Ready condition decides
@@ -442,11 +448,14 @@ def _act(
                 )
         elif isinstance(action, TaintOutOfService) and action.node not in the_plan.to_join:
             if kube.taint_out_of_service(action.node, us):
+                # the handover's release reason says which signal made it safe
+                h_now = step.decision.handover
+                why = ((h_now.release_why if h_now else None) or "").split(": ", 1)[-1]
                 record(
                     "Warning",
                     "NodeOutOfService",
                     f"partition {p}: tainted lost node {action.node} out-of-service to "
-                    "release its volume (it runs only fenced dedup workers)",
+                    f"release its volume ({why or 'its dedup workers are fenced'})",
                 )
             elif action.node in tainted:  # someone else's taint got there first
                 tainted.remove(action.node)

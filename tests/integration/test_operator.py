@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_local.kafka import KafkaBroker
 from dedup_local.operator_process import OperatorProcess
+from dedup_local.pod_health import error_line
 from dedup_operator import names
 from support import pipelines
 from support.kafka_fixtures import NewTopic
@@ -173,7 +174,7 @@ def test_topic_problems_are_conditions_and_events(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
-    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
         create(ns, pipeline_body("mismatch", kafka.bootstrap, topic, 3))
         create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
 
@@ -202,6 +203,11 @@ def test_topic_problems_are_conditions_and_events(
             30,
             "2 pods",
         )
+        # TopicReady failing is an ERROR line of the operator (no promise can be kept),
+        # one per change of reason: a case that must stay ERROR (issue 27)
+        errors = [line for line in op.log().splitlines() if error_line(line)]
+        for reason in ("PartitionCountMismatch", "TopicMissing"):
+            assert sum(reason in line for line in errors) == 1, errors
 
 
 def test_delete_keeps_volumes_only_when_asked(

@@ -144,8 +144,8 @@ PARTITION_KEYS = {
     "lastHandover", "lastFailover",
 }  # fmt: skip
 HANDOVER_KEYS = {
-    "reason", "started", "fromPod", "fromNode", "toPod", "release", "steps", "totalSeconds",
-    "complete",
+    "reason", "started", "fromPod", "fromNode", "toPod", "release", "releaseWhy", "steps",
+    "totalSeconds", "complete",
 }  # fmt: skip
 AUDIT_KEYS = {
     "time", "passed", "checked", "duplicates", "missing", "unexpected", "orderViolations",
@@ -159,7 +159,7 @@ def test_status_json_schema_is_stable() -> None:
     doc = ctl_view.status_doc([ctl_view.pipeline_doc(pipeline(), {0: sample}, {0: 12.5})])
     doc = json.loads(json.dumps(doc))  # what -o json prints
     assert set(doc) == STATUS_KEYS
-    assert doc["schemaVersion"] == 1
+    assert doc["schemaVersion"] == 2  # 2 added the handovers' releaseWhy
     (p,) = doc["pipelines"]
     assert set(p) == PIPELINE_KEYS
     assert set(p["conditions"]["Ready"]) == CONDITION_KEYS
@@ -232,6 +232,64 @@ def test_status_table_lists_waiting_partitions_and_bad_conditions() -> None:
     assert "p0: the old worker's Lease to run out" in text
     assert "FailingOver: HandoverInProgress: p0" in text
     assert "Ready: PartitionsNotReady: 1/2" in text
+
+
+def _waiting_on_force_detach(release: str, why: str, steps: dict[str, float]) -> str:
+    """`dedupctl status` of a pipeline whose partition 0 hands over with this release."""
+    from dedup_operator.failover import taint_blocked_why
+
+    body = pipeline(phase="Degraded")
+    body["status"]["partitions"][0] = {
+        "partition": 0,
+        "epoch": 1,
+        "phase": "FailingOver",
+        "ready": False,
+        "waitingFor": "volume to detach (csi-1 on node-a)",
+        "handover": {k: v for k, v in LAST_HANDOVER.items() if k != "toPod"}
+        | {"steps": steps, "release": release,
+           "releaseWhy": why or taint_blocked_why("node-a", "it would evict shop/db-0, ops/x-1")},
+    }  # fmt: skip
+    return ctl_view.render_status(ctl_view.status_doc([ctl_view.pipeline_doc(body)]), NOW)
+
+
+def test_status_says_plainly_when_a_handover_waits_on_the_force_detach() -> None:
+    """A TaintBlocked handover (started 2 min ago, pod released 5.2 s after): the 6-minute
+    wait, about how long is left, and which pods block the taint, from its release fields."""
+    text = _waiting_on_force_detach("TaintBlocked", "", {"fenced": 5.1, "released": 5.2})
+    lines = text.splitlines()
+    at = lines.index("force-detach:")
+    line = lines[at + 1]
+    assert line.startswith("  p0: waits for Kubernetes' 6-minute force-detach of its volume")
+    assert "(about 4m05s left)" in line  # 360 - (120 - 5.2)
+    assert "the out-of-service taint on node-a is blocked by shop/db-0, ops/x-1" in line
+    assert "dedicated node pool" in line and "node.cloudprovider.kubernetes.io/shutdown" in line
+    # unknown pods, the WaitForDetach policy: said too, with their own reason
+    from dedup_operator.failover import taint_blocked_why
+
+    unknown = taint_blocked_why("node-a", "its pods could not be listed (node-a)")
+    text = _waiting_on_force_detach("TaintBlocked", unknown, {"fenced": 5.1})
+    assert "could not list the pods on node-a" in text and "left)" not in text
+    text = _waiting_on_force_detach(
+        "WaitForDetach",
+        "pod force-deleted; waiting for the attach/detach controller's force-detach (6 min)",
+        {"fenced": 5.1, "released": 5.2},
+    )
+    assert "force-detach of its volume (about 4m05s left): releaseVolume is WaitForDetach" in text
+
+
+def test_status_says_nothing_of_the_force_detach_otherwise() -> None:
+    # a taint released the volume (the shutdown signal, or only fenced workers there)
+    shut = "node node-a tainted out-of-service: node node-a is shut down (...)"
+    assert "force-detach:" not in _waiting_on_force_detach("OutOfServiceTaint", shut, {})
+    # the Node object was deleted: the controller detaches without the 6 minutes
+    assert "force-detach:" not in _waiting_on_force_detach(
+        "WaitForDetach", "node node-a was deleted", {"released": 1.0}
+    )
+    # detached already, or a completed handover (the fixture's lastHandover)
+    blocked_but_detached = {"fenced": 1.0, "released": 1.1, "detached": 370.0}
+    assert "force-detach:" not in _waiting_on_force_detach("TaintBlocked", "", blocked_but_detached)
+    doc = ctl_view.status_doc([ctl_view.pipeline_doc(pipeline())])
+    assert "force-detach:" not in ctl_view.render_status(doc, NOW)
 
 
 def test_no_pipelines() -> None:

@@ -650,3 +650,179 @@ def test_skewed_renew_time_makes_no_difference(skew_s: int) -> None:
         assert not view.expired() and view.remaining() == timedelta(seconds=5)
         d = failover.partition_action(obs(lease=view), POLICY, s(t[0]))
         assert d.action == Steady()
+
+
+# ------------------------------------- shared nodes: the cloud's shutdown signal (issue 27)
+SHOP_DB = NodePod("shop", "postgres-0")  # another team's workload on the lost node
+
+
+def shared(shut_down: bool, *others: NodePod, worker_renewed: float = 0) -> dict[str, NodeView]:
+    """Node a lost, running our old worker, the shop's database and `others`; shut down
+    (the cloud node lifecycle controller's taint) or not."""
+    a = replace(
+        node("a", "Unknown", since=0, pods=(our_worker(worker_renewed), SHOP_DB, *others)),
+        shut_down=shut_down,
+    )
+    return {"a": a, "b": node("b")}
+
+
+def test_shut_down_node_with_a_foreign_pod_is_tainted_once_its_worker_is_fenced() -> None:
+    """The shutdown taint says nothing runs on the node any more: the foreign pod no
+    longer blocks the out-of-service taint. The old worker's Lease must still run out
+    first (renewed at 8 s, 5 s long), and be cleared, before anything touches the node."""
+    nodes = shared(True, worker_renewed=8)
+    h = node_lost_handover()
+    held = lease(1, "events-p0-e1", 8)
+    d = partition_action(obs(nodes=nodes, handover=h, lease=held), POLICY, s(12))
+    assert isinstance(d.action, Steady) and d.action.until == s(13)
+    d = partition_action(obs(nodes=nodes, handover=h, lease=held), POLICY, s(13))
+    assert d.action == FenceLease("events-p0-e1", "rv8")
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1)), POLICY, s(13))
+    assert d.action == TaintOutOfService("a")
+    assert d.handover is not None and d.handover.release == Release.OUT_OF_SERVICE_TAINT
+    why = d.handover.release_why or ""
+    assert "node a is shut down (node.cloudprovider.kubernetes.io/shutdown)" in why, why
+    assert "shop/postgres-0" in why  # what the taint evicts is named
+    # tainted: our own pod force-deleted, as on a node of fenced workers only
+    tainted = {**nodes, "a": replace(nodes["a"], out_of_service=True, tainted_by=(US,))}
+    d = partition_action(obs(nodes=tainted, handover=d.handover, lease=lease(1)), POLICY, s(14))
+    assert d.action == DeletePods(("events-p0-e1",), force=True, why="its node is out of service")
+
+
+def test_foreign_pod_without_the_shutdown_signal_still_blocks_the_taint() -> None:
+    """The default stays neighbour-safe: a lost node (NotReady, heartbeat stale) is not
+    known to be down; the foreign pod blocks the taint as before (TaintBlocked)."""
+    d = partition_action(
+        obs(nodes=shared(False), handover=fenced_handover(), lease=lease(1)), POLICY, s(13)
+    )
+    assert d.action == DeletePods(
+        ("events-p0-e1",),
+        force=True,
+        why="its node is lost; the out-of-service taint on a is blocked",
+    )
+    assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
+    assert failover.taint_blocked_by(d.handover.release_why) == ("shop/postgres-0",)
+
+
+def test_shut_down_node_still_waits_for_other_workers_leases() -> None:
+    """The double fence is unchanged by the signal: another pipeline's worker on the shut
+    down node that still holds its Lease (renewed at 10 s, 5 s long) is waited for."""
+    other = NodePod("ns", "events-p1-e1", worker=True, worker_lease=lease(1, "events-p1-e1", 10))
+    nodes = shared(True, other)
+    h = fenced_handover()
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1)), POLICY, s(13))
+    assert isinstance(d.action, Steady) and d.action.until == s(15)
+    assert "ns/events-p1-e1" in (d.action.waiting_for or "")
+    assert d.handover is not None and d.handover.release is None
+    d = partition_action(obs(nodes=nodes, handover=h, lease=lease(1)), POLICY, s(15))
+    assert d.action == TaintOutOfService("a")
+
+
+def test_shut_down_node_whose_pods_are_unknown_is_not_tainted() -> None:
+    """Without the node's pods no worker Lease can be checked: the signal alone is not
+    enough."""
+    nodes = {**LOST, "a": replace(LOST["a"], pods=None, shut_down=True)}
+    d = partition_action(obs(nodes=nodes, handover=fenced_handover(), lease=lease(1)), POLICY, s(13))  # fmt: skip
+    assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
+    assert failover.taint_blocked_by(d.handover.release_why) is None
+
+
+def test_shutdown_signal_after_the_taint_was_blocked_taints_the_node_after_all() -> None:
+    """The cloud controller taints a node only once it is NotReady (40-50 s), often after
+    the operator decided from the stale heartbeat. A handover waiting for the 6-minute
+    force-detach because the taint was blocked taints the node when the signal comes
+    (once every worker there is fenced), instead of waiting the 6 minutes out."""
+    d = partition_action(
+        obs(nodes=shared(False), handover=fenced_handover(), lease=lease(1)), POLICY, s(13)
+    )
+    h = d.handover
+    assert h is not None and h.release == Release.TAINT_BLOCKED
+    va = AttachmentView("csi-x", "a", True)
+    waiting = {"handover": h, "lease": lease(1), "pods": (), "attachments": (va,)}
+    # pod gone, no signal: wait for the volume (the controller's own force-detach)
+    d = partition_action(obs(nodes=shared(False), **waiting), POLICY, s(20))
+    assert isinstance(d.action, Steady) and "detach" in (d.action.waiting_for or "")
+    h = d.handover
+    assert h is not None and "released" in h.steps
+    waiting["handover"] = h
+    # the signal, while another worker there still holds its Lease: wait for it
+    other = NodePod("ns", "events-p1-e1", worker=True, worker_lease=lease(1, "events-p1-e1", 20))
+    d = partition_action(obs(nodes=shared(True, other), **waiting), POLICY, s(22))
+    assert isinstance(d.action, Steady) and d.action.until == s(25)
+    assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
+    # ... then taint: released by the taint after all, the signal named
+    d = partition_action(obs(nodes=shared(True, other), **waiting), POLICY, s(25))
+    assert d.action == TaintOutOfService("a")
+    assert d.handover is not None and d.handover.release == Release.OUT_OF_SERVICE_TAINT
+    assert "is shut down (node.cloudprovider.kubernetes.io/shutdown)" in (
+        d.handover.release_why or ""
+    )
+    assert d.handover.steps == h.steps  # the steps already seen stay as they were
+    # tainted: wait for the (now immediate) detach, then the replacement
+    h = d.handover
+    tainted = {**shared(True), "a": replace(shared(True)["a"], out_of_service=True, tainted_by=(US,))}  # fmt: skip
+    d = partition_action(obs(nodes=tainted, **{**waiting, "handover": h}), POLICY, s(26))
+    assert isinstance(d.action, Steady) and "detach" in (d.action.waiting_for or "")
+    d = partition_action(obs(nodes=tainted, handover=h, lease=lease(1), pods=()), POLICY, s(27))
+    assert d.action == CreatePod(epoch=2, avoid_node="a")
+
+
+@pytest.mark.parametrize("how", [ReleaseVolume.WAIT_FOR_DETACH, ReleaseVolume.EXTERNAL])
+def test_policies_that_never_taint_ignore_the_shutdown_signal(how: ReleaseVolume) -> None:
+    policy = replace(POLICY, release_volume=how)
+    h = fenced_handover()
+    d = partition_action(obs(nodes=shared(True), handover=h, lease=lease(1)), policy, s(13))
+    assert not isinstance(d.action, TaintOutOfService)
+    va = AttachmentView("csi-x", "a", True)
+    gone = replace(h, steps={**h.steps, "released": 3.0})
+    d = partition_action(
+        obs(nodes=shared(True), handover=gone, lease=lease(1), pods=(), attachments=(va,)),
+        policy,
+        s(20),
+    )
+    assert isinstance(d.action, Steady)
+
+
+def test_node_view_reads_the_cloud_shutdown_taint() -> None:
+    from dedup_operator.observed import node_view
+
+    raw: dict[str, object] = {
+        "metadata": {"name": "node-a"},
+        "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/shutdown",
+                             "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+    }  # fmt: skip
+    view = node_view(raw)
+    assert view.shut_down and not view.out_of_service
+    assert not node_view({"metadata": {"name": "node-b"}}).shut_down
+
+
+def test_taint_blocked_by_reads_the_blocking_pods_back() -> None:
+    why = failover.taint_blocked_why("a", "it would evict shop/db-0, ops/cache-1")
+    assert failover.taint_blocked_by(why) == ("shop/db-0", "ops/cache-1")
+    assert failover.taint_blocked_by("node a was deleted") is None
+    assert failover.taint_blocked_by(None) is None
+
+
+def test_a_pod_gone_from_a_cordoned_node_is_a_planned_drain_handover() -> None:
+    """`kubectl drain` cordons the node, then evicts the worker, which stops cleanly and
+    releases its Lease: the handover is NodeDrained (planned), from that node, and starts
+    the replacement at once; a pod gone from a node that is not cordoned stays PodGone."""
+    released = lease(1, "events-p0-e1", renewed=0, free=True)
+    cordoned = {**NODES, "a": replace(node("a"), cordoned=True)}
+    d = partition_action(obs(pods=(), lease=released, nodes=cordoned, last_node="a"), POLICY, s(1))
+    assert isinstance(d.action, BeginHandover)
+    h = d.action.handover
+    assert (h.reason, h.from_node, h.from_pod) == (HandoverReason.NODE_DRAINED, "a", "events-p0-e1")
+    # the released Lease needs no fencing wait: the replacement is created next
+    d = partition_action(
+        obs(pods=(), lease=released, nodes=cordoned, last_node="a", handover=h), POLICY, s(1)
+    )
+    assert d.action == CreatePod(epoch=2, avoid_node=None)
+    # not cordoned (or no node known): PodGone, as before
+    for nodes, last in ((NODES, "a"), (cordoned, None), (cordoned, "gone-node")):
+        d = partition_action(
+            obs(pods=(), lease=released, nodes=nodes, last_node=last), POLICY, s(1)
+        )
+        assert isinstance(d.action, BeginHandover)
+        assert d.action.handover.reason == HandoverReason.POD_GONE

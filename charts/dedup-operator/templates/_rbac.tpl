@@ -49,10 +49,10 @@ creator does not hold (escalation prevention), and the operator holds no escalat
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, list, create, update, patch]
-# the workers' PodDisruptionBudget
+# the workers' PodDisruptionBudget: ensure, keep its minAvailable in step (patch)
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, create]
+  verbs: [get, create, patch]
 # the worker and audit Roles: ensure, keep their rules in step (patch), delete the audit's
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles]

@@ -6,6 +6,7 @@ attacher.
     with LocalCluster(nodes=3, timings=ClusterTimings.fast()) as cluster:
         cluster.kubectl("get", "nodes")
         cluster.kill("node-b"); cluster.restart("node-b")
+        cluster.kill("node-b", shutdown=True)  # and play the cloud's node lifecycle controller
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
 from ..kube import ControlPlane
 from ..paths import cache_dir
 from .agent import NodeAgent
-from .attacher import STORAGE_CLASS, Attacher
+from .attacher import STORAGE_CLASS, Attacher, as_json
 from .proxy import ApiProxy
 from .runtime import CONTAINER_LABEL, CONTAINER_PID_LABEL
 from .timings import ClusterTimings
@@ -102,6 +106,98 @@ def remove_orphan_containers() -> None:
         podman("rm", "--force", "--time", "0", *orphans, check=False)
 
 
+SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
+
+
+class CloudNodeLifecycle:
+    """A **simulation** of the cloud provider's node lifecycle controller (the cloud
+    controller manager's `cloud-node-lifecycle`), for nodes this cluster killed with
+    `shutdown=True`: there is no cloud here, so `instance_stopped(node)` stands for the
+    cloud API reporting the node's instance shut down, and `instance_running(node)` for it
+    running again.
+
+    As the real controller does, every node monitor period it looks at a stopped
+    instance's node and taints it `node.cloudprovider.kubernetes.io/shutdown:NoSchedule`
+    only once the node's Ready condition is not True (set by kube-controller-manager's
+    node lifecycle controller after its grace period): never earlier, or a figure
+    measured with it would mean nothing. The taint comes off once the instance runs again
+    (the real controller lifts it when the node reports Ready again, which a restarted
+    agent does at once). Taints are written compare-and-set on the node's resourceVersion,
+    so the node lifecycle controller's own taints (unreachable, not-ready) are never lost."""
+
+    def __init__(self, api: ApiClient, period_s: float) -> None:
+        self.core = client.CoreV1Api(api)
+        self.period_s = period_s
+        self._stopped: dict[str, threading.Event] = {}
+        self._threads: dict[str, threading.Thread] = {}
+
+    def instance_stopped(self, node: str) -> None:
+        self.instance_running(node, untaint=False)  # a watcher of an earlier stop ends
+        running = self._stopped[node] = threading.Event()
+        thread = threading.Thread(
+            target=self._taint_when_not_ready,
+            args=(node, running),
+            name=f"cloud-node-lifecycle-{node}",
+            daemon=True,
+        )
+        self._threads[node] = thread
+        thread.start()
+
+    def instance_running(self, node: str, untaint: bool = True) -> None:
+        running, thread = self._stopped.pop(node, None), self._threads.pop(node, None)
+        if running is not None:
+            running.set()
+        if thread is not None:
+            thread.join(timeout=30)
+        if untaint:
+            self._set_taint(node, present=False)
+
+    def stop(self) -> None:
+        for node in list(self._stopped):
+            self.instance_running(node, untaint=False)
+
+    def _taint_when_not_ready(self, node: str, running: threading.Event) -> None:
+        while not running.wait(self.period_s):
+            try:
+                found = as_json(self.core.read_node(node, _preload_content=False))
+                conditions = (found.get("status") or {}).get("conditions") or []
+                ready = next((c["status"] for c in conditions if c["type"] == "Ready"), "Unknown")
+                if ready != "True":
+                    self._set_taint(node, present=True)
+                    log.info("cloud (simulated): node %s shut down, tainted", node)
+                    return
+            except Exception:  # the API server away a moment: look again next period
+                log.warning("cloud (simulated): cannot look at node %s", node, exc_info=True)
+
+    def _set_taint(self, node: str, present: bool) -> None:
+        for _ in range(20):
+            try:
+                found = as_json(self.core.read_node(node, _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            taints = list((found.get("spec") or {}).get("taints") or [])
+            has = any(t.get("key") == SHUTDOWN_TAINT for t in taints)
+            if has == present:
+                return
+            if present:
+                taints.append({"key": SHUTDOWN_TAINT, "effect": "NoSchedule"})
+            else:
+                taints = [t for t in taints if t.get("key") != SHUTDOWN_TAINT]
+            body = {
+                "metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
+                "spec": {"taints": taints},
+            }
+            try:
+                self.core.patch_node(node, body)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise  # 409: someone else changed the node meanwhile: read it again
+        raise RuntimeError(f"cannot {'add' if present else 'remove'} {SHUTDOWN_TAINT} on {node}")
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -122,6 +218,7 @@ class LocalCluster:
         self.agents: dict[str, NodeAgent] = {}
         self.proxies: dict[str, ApiProxy] = {}
         self.attacher: Attacher | None = None
+        self.cloud: CloudNodeLifecycle | None = None
         self._ips: dict[str, str] = {}
         self._ip_lock = threading.Lock()
         self._ip_block = 0  # claimed in start(); 127.100.x.y are the nodes' host IPs
@@ -197,6 +294,7 @@ class LocalCluster:
             self.attacher = Attacher(self._client(), self.pool, self.timings.poll_s)
             self.attacher.install()
             self.attacher.start()
+            self.cloud = CloudNodeLifecycle(self._client(), self.timings.node_monitor_period_s)
             for name in self.node_names:
                 self._start_node(name)
         except BaseException:
@@ -210,6 +308,9 @@ class LocalCluster:
         return "dl-" + self.data_dir.name.removeprefix("run-")
 
     def stop(self) -> None:
+        if self.cloud is not None:
+            self.cloud.stop()
+            self.cloud = None
         for agent in self.agents.values():
             agent.stop(kill_pods=True)
         self.agents.clear()
@@ -294,12 +395,21 @@ class LocalCluster:
             self._ips.pop(uid, None)
 
     # ------------------------------------------------------------------ faults
-    def kill(self, node: str) -> None:
+    def kill(self, node: str, shutdown: bool = False) -> None:
         """The machine dies: heartbeats stop, its pods' processes get SIGKILL; what the API
-        says (pods, volume attachments) stays until Kubernetes acts."""
+        says (pods, volume attachments) stays until Kubernetes acts.
+
+        `shutdown=True`: the cloud provider also knows the instance is stopped, and the
+        cluster plays its node lifecycle controller (a simulation, `CloudNodeLifecycle`):
+        in a background thread it waits until the node's Ready condition is no longer True
+        (as kube-controller-manager's node lifecycle controller marks it after its grace
+        period), and only then taints the node `node.cloudprovider.kubernetes.io/shutdown:
+        NoSchedule`. `restart` (or `heal`) removes the taint: the instance runs again."""
         agent = self.agents.pop(node)
         agent.stop(kill_pods=True)
         self.proxies[node].partition()
+        if shutdown:
+            self._cloud.instance_stopped(node)
 
     def partition(self, node: str) -> None:
         """The node loses the API server: its agent stops talking to it and its pods' API
@@ -313,6 +423,7 @@ class LocalCluster:
             self.agents[node].partitioned = False
         else:
             self._start_node(node)
+            self._cloud.instance_running(node)
 
     def restart(self, node: str) -> None:
         """Reboot: processes gone, the agent comes back and runs what is still bound to it."""
@@ -320,4 +431,11 @@ class LocalCluster:
         if agent is not None:
             agent.stop(kill_pods=True)
         self.proxies[node].heal()
-        self._start_node(node)
+        self._start_node(node)  # Ready again: the agent reports it as it registers
+        self._cloud.instance_running(node)
+
+    @property
+    def _cloud(self) -> CloudNodeLifecycle:
+        if self.cloud is None:
+            raise RuntimeError("cluster not started")
+        return self.cloud

@@ -1,6 +1,7 @@
 """Per pipeline: the workers' ServiceAccount, a Role that lets them read and renew their
 own Leases and nothing else, its RoleBinding, the headless Service of the workers'
-metrics, and a PodDisruptionBudget (one worker at a time may be evicted)."""
+metrics, and a PodDisruptionBudget (one worker at a time may be evicted: a drain moves
+the pipeline's partitions one after the other)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ def metrics_service(spec: PipelineSpec, owner: Owner) -> dict[str, Any]:
 
 
 def disruption_budget(spec: PipelineSpec, owner: Owner) -> dict[str, Any]:
+    """One worker of the pipeline evicted at a time (`kubectl drain`): `minAvailable` of
+    all partitions but one, a number. Not `maxUnavailable: 1`: the disruption controller
+    computes that from the pods' controller's scale, and a DedupPipeline has no scale
+    subresource, so it allowed no eviction ever (a drain hung). A worker that is not Ready
+    processes nothing: it may be evicted whatever the budget (AlwaysAllow)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -90,8 +96,9 @@ def disruption_budget(spec: PipelineSpec, owner: Owner) -> dict[str, Any]:
             names.disruption_budget(spec.name), owner, names.pipeline_labels(spec.name)
         ),
         "spec": {
-            "maxUnavailable": 1,
+            "minAvailable": spec.partitions - 1,
             "selector": {"matchLabels": names.worker_selector(spec.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 
