@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dedup_operator.failover import SHUTDOWN_TAINT
+
 from ..kube import ControlPlane
 from ..paths import cache_dir
 from .agent import NodeAgent
@@ -104,9 +106,6 @@ def remove_orphan_containers() -> None:
     ]
     if orphans:
         podman("rm", "--force", "--time", "0", *orphans, check=False)
-
-
-SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
 
 
 class CloudNodeLifecycle:
