@@ -447,8 +447,10 @@ def run(png: Path) -> int:
             f" (cluster data in {cluster.data_dir})"
         )
         show_api(cluster)
-        for topic in ("events", "events-deduped", "events-dlq"):
+        for topic in ("events", "events-dlq"):
             kafka.create_topic(topic, PARTITIONS)
+        # the output keeps the window (672h): a lost store is rebuilt from it (TopicReady)
+        kafka.create_topic("events-deduped", PARTITIONS, {"retention.ms": "-1"})
         events = Events(kafka.bootstrap, rng)
         stack.callback(events.close)
         events.produce(BACKLOG)

@@ -11,12 +11,11 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
@@ -31,6 +30,7 @@ from dedup_operator.desired.audit import (
     SPARK_OPERATOR_VERSION,
 )
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_operator.topics import TopicCheck, TopicFacts
 from dedup_worker import broker_logs
 
 log = logging.getLogger("dedup_operator.kube")
@@ -734,20 +734,18 @@ class Kube:
 
 
 # ------------------------------------------------------------------------- Kafka
-@dataclass(frozen=True)
-class TopicCheck:
-    """What the operator found out about the input topic."""
-
-    ok: bool
-    reason: str
-    message: str
-    partitions: int | None = None
+OUTPUT_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes")
 
 
-def check_input_topic(
-    bootstrap: str, settings: Mapping[str, str], topic: str, expected: int, timeout_s: float = 5.0
-) -> TopicCheck:
-    """Does the input topic exist with `expected` partitions (spec.partitions)?"""
+def read_topics(
+    bootstrap: str,
+    settings: Mapping[str, str],
+    input_topic: str,
+    output_topic: str,
+    timeout_s: float = 5.0,
+) -> TopicFacts | TopicCheck:
+    """The input and output topics' partition counts and the output's configs (what
+    `topics.check_topics` decides on), or KafkaUnreachable."""
     # librdkafka's lines through logging (JSON, not raw `%3|...|FAIL|` on stderr), a
     # failed connection at WARNING: a client of 5 s never sees all brokers down for 30 s;
     # an unreachable Kafka is the TopicReady condition's ERROR line
@@ -755,22 +753,30 @@ def check_input_topic(
         {"bootstrap.servers": bootstrap, **settings, "logger": broker_logs.ConnectionLog()}
     )
     try:
-        meta = admin.list_topics(topic=topic, timeout=timeout_s)
+        meta = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        return TopicCheck(False, "KafkaUnreachable", f"cannot read metadata of {topic}: {exc}")
-    info = meta.topics.get(topic)
-    if info is None or info.error is not None or not info.partitions:
-        why = f" ({info.error})" if info is not None and info.error is not None else ""
-        return TopicCheck(False, "TopicMissing", f"input topic {topic} does not exist{why}")
-    count = len(info.partitions)
-    if count != expected:
         return TopicCheck(
-            False,
-            "PartitionCountMismatch",
-            f"input topic {topic} has {count} partitions, spec.partitions is {expected}",
-            count,
+            False, "KafkaUnreachable", f"cannot read metadata of {input_topic}: {exc}"
         )
-    return TopicCheck(True, "TopicFound", f"input topic {topic} has {count} partitions", count)
+
+    def count(topic: str) -> tuple[int | None, str]:
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            return None, str(info.error) if info is not None and info.error is not None else ""
+        return len(info.partitions), ""
+
+    inputs, why = count(input_topic)
+    outputs, _ = count(output_topic)
+    config: dict[str, str] = {}
+    config_error = None
+    if outputs is not None:
+        resource = ConfigResource(ResourceType.TOPIC, output_topic)
+        try:
+            entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+            config = {k: str(entries[k].value) for k in OUTPUT_CONFIGS if k in entries}
+        except Exception as exc:  # authorization, timeout: said in the condition
+            config_error = str(exc) or type(exc).__name__
+    return TopicFacts(input_topic, inputs, output_topic, outputs, config, why, config_error)
 
 
 def parse_kafka_settings(text: str | None) -> dict[str, str]:

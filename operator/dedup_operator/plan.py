@@ -45,7 +45,6 @@ from dedup_operator.failover import (
     partition_action,
     remove_out_of_service_taint,
 )
-from dedup_operator.kube import TopicCheck
 from dedup_operator.observed import Obj, attachments_of
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.status import (
@@ -56,6 +55,7 @@ from dedup_operator.status import (
     rfc3339,
     summary_conditions,
 )
+from dedup_operator.topics import TopicCheck
 
 Event = tuple[str, str, str]  # (type "Normal"|"Warning", reason, message)
 

@@ -52,9 +52,8 @@ from dedup_operator.kube import (
     Conflict,
     Kube,
     NotLeader,
-    TopicCheck,
-    check_input_topic,
     parse_kafka_settings,
+    read_topics,
     scrape,
     worker_counters,
 )
@@ -75,6 +74,7 @@ from dedup_operator.plan import (
 )
 from dedup_operator.spec import PipelineSpec, SpecError, quantity
 from dedup_operator.status import Condition, merge_conditions
+from dedup_operator.topics import TopicCheck, check_topics
 from dedup_worker import faults
 from dedup_worker.lease_clock import ContinuousView, LeaseClock
 
@@ -583,6 +583,8 @@ def _topic(
     key = (
         spec.kafka.bootstrap_servers,
         spec.kafka.input_topic,
+        spec.kafka.output_topic,
+        spec.window.duration,
         spec.partitions,
         spec.kafka.config,
         spec.kafka.security_ref,
@@ -605,8 +607,16 @@ def _topic(
             memory.topic = (key, time.monotonic(), check)
             return check
         kafka_settings.update(parse_kafka_settings(secret))
-    check = check_input_topic(
-        spec.kafka.bootstrap_servers, kafka_settings, spec.kafka.input_topic, spec.partitions
+    facts = read_topics(
+        spec.kafka.bootstrap_servers,
+        kafka_settings,
+        spec.kafka.input_topic,
+        spec.kafka.output_topic,
+    )
+    check = (
+        facts
+        if isinstance(facts, TopicCheck)
+        else check_topics(facts, spec.partitions, spec.window.duration_ms)
     )
     memory.topic = (key, time.monotonic(), check)
     return check

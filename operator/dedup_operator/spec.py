@@ -103,6 +103,11 @@ class WindowSpec:
     duration: str | None = None  # as written (the worker parses the same grammar)
     max_keys: int | None = None
 
+    @property
+    def duration_ms(self) -> int | None:
+        """The duration in milliseconds (None: a window bounded by maxKeys only)."""
+        return None if self.duration is None else parse_duration_ms(self.duration)
+
 
 @dataclass(frozen=True)
 class ResourcesSpec:

@@ -107,6 +107,7 @@ def test_pipeline_gets_volumes_leases_workers_and_status(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=3)
+    kafka.create_topic(f"{topic}-out", 3)  # TopicReady: the output
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
         create(ns, pipeline_body("events", kafka.bootstrap, topic, 3))
         want = ["events-p0", "events-p1", "events-p2"]
@@ -174,6 +175,7 @@ def test_topic_problems_are_conditions_and_events(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
         create(ns, pipeline_body("mismatch", kafka.bootstrap, topic, 3))
         create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
@@ -210,6 +212,55 @@ def test_topic_problems_are_conditions_and_events(
             assert sum(reason in line for line in errors) == 1, errors
 
 
+def test_output_topics_that_cannot_keep_the_window_degrade_the_pipeline(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """The output is what a lost store is rebuilt from: one that keeps records for less
+    than the window (1h here), or is compacted, is a TopicReady reason with the numbers,
+    the pipeline Degraded and an ERROR line; an output that keeps the window is fine."""
+    ns = kube_namespace
+    outputs = {
+        "short": {"retention.ms": "600000"},
+        "compacted": {"cleanup.policy": "compact"},
+        "kept": {"retention.ms": "-1"},
+    }
+    for name, config in outputs.items():
+        topic = new_topic(partitions=2)
+        kafka.create_topic(f"{topic}-out", 2, config)
+        create(ns, pipeline_body(name, kafka.bootstrap, topic, 2))
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
+
+        def topic_ready(name: str) -> dict[str, Any] | None:
+            return condition(get_pipeline(ns.api_client, ns.name, name), "TopicReady")
+
+        for name, reason, says in (
+            ("short", "OutputRetentionTooShort", "keeps records 10m (retention.ms=600000), "
+             "the window is 1h"),
+            ("compacted", "OutputCompacted", "is compacted (cleanup.policy=compact)"),
+        ):  # fmt: skip
+            found = wait_for(
+                lambda n=name: (c := topic_ready(n)) and c["status"] == "False" and c,  # type: ignore[misc]
+                60,
+                f"{name}: TopicReady False",
+            )
+            assert found["reason"] == reason and says in found["message"], found
+            degraded = condition(get_pipeline(ns.api_client, ns.name, name), "Degraded")
+            assert degraded is not None and degraded["status"] == "True"
+            assert ("Warning", reason) in {e[:2] for e in events(ns.api_client, ns.name, name)}
+        kept = wait_for(lambda: topic_ready("kept"), 60, "kept: TopicReady")
+        assert kept["status"] == "True", kept
+        errors = [line for line in op.log().splitlines() if error_line(line)]
+        assert {
+            r
+            for r in ("OutputRetentionTooShort", "OutputCompacted")
+            if any(r in line for line in errors)
+        } == {"OutputRetentionTooShort", "OutputCompacted"}
+
+
 def test_delete_keeps_volumes_only_when_asked(
     dedup_crd: KubeCluster,
     kube_namespace: KubeNamespace,
@@ -219,6 +270,7 @@ def test_delete_keeps_volumes_only_when_asked(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
     custom = client.CustomObjectsApi(ns.api_client)
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("kept", kafka.bootstrap, topic, 2))
@@ -260,6 +312,7 @@ def test_worker_rbac_reaches_its_leases_and_nothing_else(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
         create(ns, pipeline_body("other", kafka.bootstrap, topic, 2))
@@ -322,6 +375,7 @@ def test_two_replicas_only_the_leader_acts(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
     leases = client.CoordinationV1Api(ns.api_client)
     with (
         running_operator(ns.kubeconfig_path, ns.name, tmp_path / "a.log") as a,

@@ -118,6 +118,7 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
     api, made, prefix = foreign_nodes
     made += register_nodes(api, 0, 3, prefix)
     topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
     body = pipelines.pipeline_body(
         "events", kafka.bootstrap, topic, 2, dead_letters=False,
         failover={"nodeLostAfter": "5s", "leaseDuration": "5s"},
@@ -135,7 +136,7 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
                     kube_client,
                     kube_namespace.name,
                     "events",
-                    lambda _body: lambda *_event: None,
+                    lambda _body: lambda *_event, **_kw: None,
                     settings,
                 )
 

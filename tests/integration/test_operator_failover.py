@@ -69,6 +69,8 @@ def _fail_over(
 ) -> None:
     api = ns.api_client
     topic = new_topic(partitions=2)
+    # TopicReady: the output, kept for ever (the window is maxKeys only)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
     log = tmp_path / "operator.log"
     op_ctx = running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5)
     op = op_ctx.__enter__()
@@ -195,6 +197,8 @@ def test_spec_change_rolls_one_partition_at_a_time(
 ) -> None:
     ns, api = kube_namespace, kube_namespace.api_client
     topic = new_topic(partitions=2)
+    # TopicReady: the output, kept for ever (the window is maxKeys only)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
     log = tmp_path / "operator.log"
     with running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5):
         custom = client.CustomObjectsApi(api)
@@ -259,6 +263,8 @@ def test_pipeline_deleted_while_its_node_is_tainted_lifts_its_taint_only(
     ns, api = kube_namespace, kube_namespace.api_client
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     topic = new_topic(partitions=2)
+    # TopicReady: the output, kept for ever (the window is maxKeys only)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log", interval=0.5):
         custom.create_namespaced_custom_object(
             names.GROUP,

@@ -122,6 +122,8 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
     kubeconfig = kube_namespace.kubeconfig_path
     leases = client.CoordinationV1Api(api)
     topic = new_topic(partitions=2)
+    # TopicReady: the output, kept for ever (the window is maxKeys only)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
 
     def holder() -> str | None:
         try:

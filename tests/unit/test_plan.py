@@ -18,7 +18,6 @@ from dedup_operator.failover import (
     PodView,
     Steady,
 )
-from dedup_operator.kube import TopicCheck
 from dedup_operator.plan import (
     PipelineObservation,
     WorkerCounters,
@@ -27,6 +26,7 @@ from dedup_operator.plan import (
     taint_mark,
 )
 from dedup_operator.spec import PipelineSpec
+from dedup_operator.topics import TopicCheck
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 TOPIC_OK = TopicCheck(True, "TopicFound", "input topic has 2 partitions", 2)
