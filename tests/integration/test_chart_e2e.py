@@ -49,19 +49,52 @@ def helm_on(cluster: LocalCluster, *args: str) -> str:
     return result.stdout
 
 
-def operator_pods(api: client.ApiClient) -> list[Any]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        NAMESPACE, label_selector=f"app.kubernetes.io/name={RELEASE}"
-    )
+OPERATOR_SELECTOR = f"app.kubernetes.io/name={RELEASE}"  # the chart's name label
+
+
+def operator_pods(api: client.ApiClient, namespace: str = NAMESPACE) -> list[Any]:
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=OPERATOR_SELECTOR)
     return [p for p in pods.items if not p.metadata.deletion_timestamp]
 
 
-def healthy_operator_pods(cluster: LocalCluster, api: client.ApiClient, since: float) -> None:
+def healthy_operator_pods(
+    cluster: LocalCluster, api: client.ApiClient, since: float, namespace: str = NAMESPACE
+) -> None:
     """Every operator pod, once they have run 75 s: 0 restarts, no ERROR line, no
     permission warning in its log."""
     time.sleep(max(0.0, since + 75 - time.monotonic()))
-    assert len(operator_pods(api)) == 2
-    assert unhealthy(cluster, NAMESPACE, f"app.kubernetes.io/name={RELEASE}") == []
+    assert len(operator_pods(api, namespace)) == 2
+    assert unhealthy(cluster, namespace, OPERATOR_SELECTOR) == []
+
+
+def asked_only_what_the_chart_grants(
+    cluster: LocalCluster, release: str, namespace: str, sets: list[str]
+) -> list[rbac_check.Request]:
+    """From the API server's audit log: every request of the release's operator
+    ServiceAccount is granted by `helm template` of the same values, and none was
+    answered 403. Returns the requests."""
+    assert cluster.control_plane is not None
+    asked = rbac_check.requests(
+        cluster.control_plane.audit_events(f"system:serviceaccount:{namespace}:{release}")
+    )
+    assert any(r.namespace == "kube-node-lease" and r.verb == "watch" for r in asked)
+    rendered = template(sets=sets, namespace=namespace, release=release)
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    assert rbac_check.not_granted(docs, (namespace, release), asked) == []
+    return asked
+
+
+def drop_finalizers(api: client.ApiClient, ns: str, name: str) -> None:
+    """No operator is left to release the pipeline's finalizers: drop them, so that the
+    namespace (and the workers) go with the test."""
+    try:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns, names.PLURAL, name,
+            json.loads('{"metadata": {"finalizers": null}}'),
+        )  # fmt: skip
+    except client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def worker_state(api: client.ApiClient, ns: str) -> dict[str, tuple[str, str, int]]:
@@ -162,15 +195,7 @@ def test_helm_install_failover_upgrade_uninstall(
         # Every request of the operator's ServiceAccount over the whole run (failover
         # included) is one the chart grants under its default rbac.scope (cluster), and
         # none was answered 403: from the API server's audit log.
-        account = (NAMESPACE, RELEASE)
-        assert cluster.control_plane is not None
-        asked = rbac_check.requests(
-            cluster.control_plane.audit_events(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
-        )
-        assert any(r.namespace == "kube-node-lease" and r.verb == "watch" for r in asked)
-        rendered = template(sets=LOCAL_CLUSTER_VALUES, namespace=NAMESPACE, release=RELEASE)
-        docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-        assert rbac_check.not_granted(docs, account, asked) == []
+        asked_only_what_the_chart_grants(cluster, RELEASE, NAMESPACE, list(LOCAL_CLUSTER_VALUES))
 
         # Uninstalling the operator leaves the API, the pipeline, its volumes and workers.
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
@@ -184,14 +209,40 @@ def test_helm_install_failover_upgrade_uninstall(
         if lost is not None:
             cluster.restart(lost)
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
-        # No operator is left to release the pipeline's finalizers: drop them, so that the
-        # namespace (and the workers) go with the test.
-        custom = client.CustomObjectsApi(api)
-        try:
-            custom.patch_namespaced_custom_object(
-                names.GROUP, names.VERSION, ns, names.PLURAL, "events",
-                json.loads('{"metadata": {"finalizers": null}}'),
-            )  # fmt: skip
-        except client.exceptions.ApiException as exc:
-            if exc.status != 404:
-                raise
+        drop_finalizers(api, ns, "events")
+
+
+def test_helm_install_under_namespaced_rbac_asks_nothing_it_is_not_granted(
+    container_cluster: LocalCluster,
+    container_namespace: ClusterNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+) -> None:
+    """The chart under `rbac.scope: namespaced` (a Role in the watched namespace, the
+    cluster-scoped rules in a small ClusterRole): a pipeline goes Ready under it, the
+    operator pods run 75 s with 0 restarts, no ERROR line and no permission warning, and
+    the API server's audit log holds no request of theirs that the rendered chart does
+    not grant and no 403."""
+    cluster, ns = container_cluster, container_namespace.name
+    api = container_namespace.api_client
+    release, namespace = "dedup-operator-scoped", "dedup-scoped"
+    values = [*LOCAL_CLUSTER_VALUES, "rbac.scope=namespaced", f"watchNamespaces={{{ns}}}"]
+    sets = [arg for value in values for arg in ("--set", value)]
+    helm_on(cluster, "install", release, str(CHART), "--namespace", namespace,
+            "--create-namespace", *sets, "--wait", "--timeout", "240s")  # fmt: skip
+    installed = time.monotonic()
+    try:
+        topic = topics(kafka, new_topic, 2)
+        body = cluster_pipeline_body(
+            "events", kafka.bootstrap, topic, cluster.storage_class, 2,
+            worker={"batchSize": 200, "lingerMs": 20},
+        )  # fmt: skip
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+        ready_pipeline(api, ns, "events", 2)
+        healthy_operator_pods(cluster, api, installed, namespace)
+        asked = asked_only_what_the_chart_grants(cluster, release, namespace, values)
+        # it did its work in the watched namespace, through the namespaced Role
+        assert {r.namespace for r in asked if r.resource == "pods" and r.verb == "create"} == {ns}
+    finally:
+        helm_on(cluster, "uninstall", release, "--namespace", namespace, "--ignore-not-found")
+        drop_finalizers(api, ns, "events")
