@@ -752,21 +752,21 @@ def read_topics(
     admin = AdminClient(
         {"bootstrap.servers": bootstrap, **settings, "logger": broker_logs.ConnectionLog()}
     )
-    try:
-        meta = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        return TopicCheck(
-            False, "KafkaUnreachable", f"cannot read metadata of {input_topic}: {exc}"
-        )
 
     def count(topic: str) -> tuple[int | None, str]:
-        info = meta.topics.get(topic)
+        # the one topic's metadata, not the cluster's (which grows with every topic)
+        info = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             return None, str(info.error) if info is not None and info.error is not None else ""
         return len(info.partitions), ""
 
-    inputs, why = count(input_topic)
-    outputs, _ = count(output_topic)
+    try:
+        inputs, why = count(input_topic)
+        outputs, _ = count(output_topic)
+    except KafkaException as exc:
+        return TopicCheck(
+            False, "KafkaUnreachable", f"cannot read metadata of {input_topic}: {exc}"
+        )
     config: dict[str, str] = {}
     config_error = None
     if outputs is not None:
