@@ -34,10 +34,11 @@ from support.pipeline_traffic import (
     partition_entry,
     ready_pipeline,
     topics,
+    wait_moved_off,
+    wait_published,
     wait_untainted,
 )
 from support.pipelines import cluster_pipeline_body
-from support.worker_helpers import output_ids
 
 pytestmark = pytest.mark.integration
 
@@ -151,21 +152,13 @@ def test_helm_install_failover_upgrade_uninstall(
 
         traffic = Traffic(kafka.bootstrap, topic, 2)
         with traffic.running():
-            wait_for(
-                lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 300,
-                90, "partition 0's worker to publish", every=1,
-            )  # fmt: skip
+            wait_published(kafka.bootstrap, topic, 0, 300)
             before = partition_entry(api, ns, "events", 0)
             lost = before["node"]
             cluster.kill(lost)
             killed = time.monotonic()
 
-            def moved() -> dict[str, Any] | None:
-                e = partition_entry(api, ns, "events", 0)
-                ok = e.get("ready") and e.get("node") not in (None, lost) and not e.get("handover")
-                return e if ok else None
-
-            after = wait_for(moved, 240, "partition 0 to run on another node", every=1)
+            after = wait_moved_off(cluster, ns, "events", 0, lost, timeout=240, every=1)
             print(
                 f"partition 0 moved {lost} -> {after['node']} in {time.monotonic() - killed:.0f}s"
             )

@@ -21,7 +21,6 @@ from dedup_local.pod_health import log_problems
 from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import dedupctl, events, get_pipeline, running_operator, wait_for
 from support.pipeline_traffic import (
     Traffic,
@@ -31,10 +30,11 @@ from support.pipeline_traffic import (
     pipeline_body,
     ready_pipeline,
     topics,
+    wait_moved_off,
+    wait_published,
 )
-from support.worker_helpers import output_ids
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
 
 
 def test_a_drained_node_hands_its_partition_over_as_planned(
@@ -44,8 +44,6 @@ def test_a_drained_node_hands_its_partition_over_as_planned(
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
-    assert local_cluster.control_plane is not None
-    local_cluster.control_plane.install_crds(CRD_FILES)
     ns, api = cluster_namespace.name, local_cluster.api_client()
     core = client.CoreV1Api(api)
     topic = topics(kafka, new_topic, 2)
@@ -75,12 +73,7 @@ def test_a_drained_node_hands_its_partition_over_as_planned(
         traffic = Traffic(kafka.bootstrap, topic, 2)
         try:
             with traffic.running():
-                wait_for(
-                    lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 200,
-                    90,
-                    "partition 0's worker to publish",
-                    every=1,
-                )
+                wait_published(kafka.bootstrap, topic, 0, 200)
                 started = time.monotonic()
                 result = local_cluster.kubectl(
                     "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data",
@@ -89,12 +82,7 @@ def test_a_drained_node_hands_its_partition_over_as_planned(
                 assert result.returncode == 0, result.stdout + result.stderr
                 drain_s = time.monotonic() - started
 
-                def moved() -> dict[str, object] | None:
-                    e = partition_entry(api, ns, "events", 0)
-                    ok = e.get("ready") and e.get("node") not in (None, drained)
-                    return e if ok and not e.get("handover") else None
-
-                after = wait_for(moved, 120, "partition 0 Ready on another node", every=1)
+                after = wait_moved_off(local_cluster, ns, "events", 0, drained, every=1)
                 moved_s = time.monotonic() - started
                 sent = traffic.sent
                 wait_for(lambda: traffic.sent > sent + 300, 60, "traffic after the move")

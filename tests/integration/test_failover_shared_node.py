@@ -25,31 +25,24 @@ from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import events, running_operator, wait_for, wait_for_event
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
     create_pipeline,
-    dump_pipeline,
     partition_entry,
     pipeline_body,
     ready_pipeline,
     topics,
+    wait_moved_off,
+    wait_published,
     wait_untainted,
 )
-from support.worker_helpers import output_ids
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 SHUTDOWN = "node.cloudprovider.kubernetes.io/shutdown"
-
-
-@pytest.fixture(autouse=True)
-def _crd_installed(local_cluster: LocalCluster) -> None:
-    assert local_cluster.control_plane is not None
-    local_cluster.control_plane.install_crds(CRD_FILES)
 
 
 class NodeWatch:
@@ -164,26 +157,12 @@ def test_shut_down_shared_node_is_tainted_and_the_partition_moves_fast(
             foreign_ref = f"{other_ns}/{foreign}"
             traffic = Traffic(kafka.bootstrap, topic, 1)
             with traffic.running(), NodeWatch(local_cluster, lost) as watch:
-                wait_for(
-                    lambda: len(output_ids(kafka.bootstrap, f"{topic}-out", 0)) >= 300,
-                    90,
-                    "the worker to publish some output",
-                    every=1,
-                )
+                wait_published(kafka.bootstrap, topic, 0, 300)
                 killed_at = time.monotonic()
                 local_cluster.kill(lost, shutdown=True)
                 print(f"killed {lost} (shut down) running {before['pod']} next to {foreign_ref}")
 
-                def moved() -> dict[str, Any] | None:
-                    e = partition_entry(api, ns, "events", 0)
-                    ok = e.get("ready") and e.get("node") not in (None, lost)
-                    return e if ok and not e.get("handover") else None
-
-                try:
-                    after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
-                except AssertionError:
-                    dump_pipeline(local_cluster, ns)
-                    raise
+                after = wait_moved_off(local_cluster, ns, "events", 0, lost)
                 took = time.monotonic() - killed_at
                 sent = traffic.sent
                 wait_for(lambda: traffic.sent > sent + 200, 60, "traffic after the move")

@@ -29,7 +29,6 @@ from dedup_local.pod_health import log_problems, unhealthy
 from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (
     condition,
     events,
@@ -52,14 +51,7 @@ from support.pipeline_traffic import (
 )
 from support.worker_helpers import output_ids
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _crd_installed(local_cluster: LocalCluster) -> None:
-    """The DedupPipeline CRD on the local cluster (server-side apply: idempotent)."""
-    assert local_cluster.control_plane is not None
-    local_cluster.control_plane.install_crds(CRD_FILES)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
 
 
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(

@@ -35,7 +35,6 @@ from dedup_operator.desired import audit as desired_audit
 from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (
     condition,
     dedupctl,
@@ -48,17 +47,11 @@ from support.operator_helpers import (
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, produce, read_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
 
 SPARK_OPERATOR_CRDS = Path(__file__).resolve().parents[1] / "support" / "spark_operator_crds.yaml"
 NEVER = "0 0 1 1 *"  # once a year: no tick during a test
 ALSO_NEVER = "0 0 2 1 *"
-
-
-@pytest.fixture(autouse=True)
-def _crd_installed(local_cluster: LocalCluster) -> None:
-    assert local_cluster.control_plane is not None
-    local_cluster.control_plane.install_crds(CRD_FILES)
 
 
 @pytest.fixture

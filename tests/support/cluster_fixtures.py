@@ -68,6 +68,14 @@ def container_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
+def local_crds(local_cluster: LocalCluster) -> None:
+    """The repo's CRDs on the local cluster as this checkout has them (server-side
+    apply: idempotent): modules whose tests need them name it in `usefixtures`."""
+    assert local_cluster.control_plane is not None
+    local_cluster.control_plane.install_crds(CRD_FILES)
+
+
+@pytest.fixture
 def cluster_namespace(
     local_cluster: LocalCluster, request: pytest.FixtureRequest
 ) -> Iterator[ClusterNamespace]:

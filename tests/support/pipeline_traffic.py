@@ -153,6 +153,43 @@ def partition_entry(api: client.ApiClient, ns: str, name: str, p: int) -> dict[s
     return {}
 
 
+def wait_published(bootstrap: str, topic: str, partition: int, at_least: int) -> int:
+    """Wait until output partition `partition` of `topic` holds `at_least` ids (read
+    committed); how many it holds then."""
+    count: int = wait_for(
+        lambda: (n := len(output_ids(bootstrap, f"{topic}-out", partition))) >= at_least and n,
+        90,
+        f"partition {partition}'s worker to publish {at_least} ids",
+        every=1,
+    )
+    return count
+
+
+def wait_moved_off(
+    local_cluster: LocalCluster,
+    ns: str,
+    name: str,
+    partition: int,
+    node: str,
+    timeout: float = 120,
+    every: float = 0.5,
+) -> dict[str, Any]:
+    """The partition's status entry once it runs Ready on a node other than `node` with
+    no handover in progress; the pipeline's state printed if it does not."""
+    api = local_cluster.api_client()
+
+    def moved() -> dict[str, Any] | None:
+        e = partition_entry(api, ns, name, partition)
+        ok = e.get("ready") and e.get("node") not in (None, node) and not e.get("handover")
+        return e if ok else None
+
+    try:
+        return wait_for(moved, timeout, f"partition {partition} to run on another node", every)
+    except AssertionError:
+        dump_pipeline(local_cluster, ns)
+        raise
+
+
 def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[str, Any] | None:
     for line in local_cluster.pod_log(ns, pod).splitlines():
         if '"worker ready"' in line:
@@ -206,12 +243,7 @@ def lose_a_node_during_traffic(
         ready_pipeline(api, ns, "events", 2)
         traffic = Traffic(kafka.bootstrap, topic, 2)
         with traffic.running():
-            published_before = wait_for(
-                lambda: (n := len(output_ids(kafka.bootstrap, f"{topic}-out", 0))) >= 300 and n,
-                90,
-                "partition 0's worker to publish some output",
-                every=1,
-            )
+            published_before = wait_published(kafka.bootstrap, topic, 0, 300)
             before = partition_entry(api, ns, "events", 0)
             lost = before["node"]
             killed_at = time.monotonic()
@@ -230,16 +262,7 @@ def lose_a_node_during_traffic(
                 op_ctx = running_operator(local_cluster.kubeconfig_path, ns, log)
                 op = op_ctx.__enter__()
 
-            def moved() -> dict[str, Any] | None:
-                e = partition_entry(api, ns, "events", 0)
-                ok = e.get("ready") and e.get("node") not in (None, lost) and not e.get("handover")
-                return e if ok else None
-
-            try:
-                after = wait_for(moved, 120, "partition 0 to run on another node", every=0.5)
-            except AssertionError:
-                dump_pipeline(local_cluster, ns)
-                raise
+            after = wait_moved_off(local_cluster, ns, "events", 0, lost)
             took = time.monotonic() - killed_at
             sent = traffic.sent
             wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
