@@ -18,6 +18,8 @@ import pytest
 
 from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
+from support.ownership_pipeline import WORKERS, Pipeline, assert_exact
+from support.ownership_pipeline import produce as produce_routed
 from support.worker_helpers import (
     event,
     produce,
@@ -135,3 +137,59 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path
     assert duplicates == 0, f"{duplicates} duplicate ids in the output"
     assert not missing, f"{len(missing)} ids missing from the output, e.g. {sorted(missing)[:5]}"
     assert published == expected, "output is in input order"
+
+
+OWNED_RECORDS = 60_000
+
+
+def test_sigkill_under_ownership_with_a_round_robin_producer(kafka: Any, tmp_path: Path) -> None:
+    """Two workers under ownership, input written round-robin (each repeat on any
+    partition), SIGKILLed at random moments and at the fault points: right after a
+    commit, before it, and in the middle of forwarding (a transaction open with records
+    on the internal topic). Every id is then published exactly once across the output,
+    on its owner's partition."""
+    rng = random.Random(20261125)
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = make_stream(rng)[:OWNED_RECORDS]
+    placement = pipe.placement(list(dict.fromkeys(ids)))
+
+    def feed() -> None:  # round-robin: record n to partition n % 2
+        for start in range(0, len(ids), 2000):
+            chunk = ids[start : start + 2000]
+            produce_routed(
+                pipe.bootstrap,
+                pipe.input_topic,
+                ((i, i, (start + n) % 2) for n, i in enumerate(chunk)),
+            )
+            time.sleep(0.2)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    fault_env = {"DEDUP_TEST_FAULTS": "after-commit=0.02,before-commit=0.01,forwarding=0.002"}
+    kills = self_kills = 0
+    deadline = time.monotonic() + 600
+    for worker in range(WORKERS):
+        pipe.start(worker, env=fault_env)
+    while kills < MIN_KILLS or feeder.is_alive():
+        assert time.monotonic() < deadline, "chaos phase took too long"
+        time.sleep(rng.uniform(0.5, 2.0))
+        victim = pipe.procs[rng.randrange(WORKERS)]
+        if victim.poll() is None:
+            victim.kill()
+            kills += 1
+        for worker, proc in list(pipe.procs.items()):  # restart whoever is down
+            if proc.poll() is not None:
+                assert proc.wait() == -signal.SIGKILL, f"worker exited {proc.returncode}"
+                self_kills += proc is not victim
+                pipe.start(worker, env=fault_env)
+    feeder.join()
+    for proc in pipe.procs.values():
+        proc.kill()
+        proc.wait()
+    pipe.start_all()  # without faults
+    pipe.wait_settled(set(ids), timeout_s=300)
+    time.sleep(2)
+    assert_exact(pipe.output(), placement)
+    print(f"kills: {kills} external + {self_kills} at fault points")
+    assert self_kills > 0, "the fault points fired"
+    pipe.stop_all()

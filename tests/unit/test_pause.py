@@ -238,6 +238,7 @@ def paused_worker(tmp_path: Path, token: Token, committed: int = 42) -> DedupWor
     w.consumer = FakeConsumer(committed)  # type: ignore[assignment]
     w.producer = FakeProducer()  # type: ignore[assignment]
     w.store = object()  # type: ignore[assignment]  # not touched: no records
+    w._sources = [("in", 0)]  # as start() assigns them
     w.health.ready = True
     return w
 
@@ -298,7 +299,7 @@ def test_commit_with_a_lapsed_hold_aborts_and_is_redone_with_a_lost_one_fences(
     w = paused_worker(tmp_path, token)
     producer = w.producer
     assert isinstance(producer, FakeProducer)
-    batch = _Batch([], None, [], frozenset())  # type: ignore[arg-type]
+    batch = _Batch([], None, [], frozenset(), {})  # type: ignore[arg-type]
     token.hold = Hold.LAPSED
     assert w._commit(batch) is False, "aborted: redone after the pause"
     # what the transaction holds is delivered before the abort (librdkafka#4849)
@@ -320,7 +321,8 @@ def test_in_flight_batch_aborted_by_the_lapse_rewinds_the_input(tmp_path: Path) 
         def offset(self) -> int:
             return 40
 
-    batch = _Batch([Record()], None, [], frozenset())  # type: ignore[list-item,arg-type]
+    spans = {("in", 0): (40, 41)}
+    batch = _Batch([Record()], None, [], frozenset(), spans)  # type: ignore[list-item,arg-type]
     w._send = lambda b: None  # type: ignore[method-assign]
     token.hold = Hold.LAPSED
     w._in_flight = batch
@@ -342,7 +344,7 @@ def test_an_aborted_abort_is_a_kafka_failure_not_a_silent_pause(tmp_path: Path) 
     w.producer = Refusing()  # type: ignore[assignment]
     token.hold = Hold.LAPSED
     with pytest.raises(KafkaException):
-        w._commit(_Batch([], None, [], frozenset()))  # type: ignore[arg-type]
+        w._commit(_Batch([], None, [], frozenset(), {}))  # type: ignore[arg-type]
 
 
 def test_probes_while_paused_not_ready_but_alive() -> None:

@@ -15,6 +15,7 @@ from dedup_worker.ids import id_key
 from dedup_worker.store import (
     PARALLEL_LOOKUP_MIN,
     MiB,
+    Ownership,
     Store,
     StoreConfig,
     StoreError,
@@ -80,6 +81,30 @@ def test_refuses_a_store_owned_by_another(path: Path, other: StoreOwner) -> None
     assert str(OWNER) in message and str(other) in message
     with reopen(path) as store:  # the refusal left the store usable by its owner
         assert store.owner == OWNER
+
+
+def test_a_store_is_used_only_under_the_ownership_generation_it_was_written_under(
+    path: Path,
+) -> None:
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4)) as store:
+        store.record_batch(keys(0, 5), 1, input_next_offset=None, output_next_offset=9)
+    with pytest.raises(StoreError, match=r"written under ownership.*runs without it"):
+        reopen(path)  # a worker without ownership (or of a commit before it: format 1 only)
+    with pytest.raises(StoreError, match=r"generation workers=4,reshards=0.*workers=5"):
+        Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(5))
+    with pytest.raises(StoreError, match=r"generation workers=4,reshards=0.*reshards=1"):
+        Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4, reshards=1))
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4)) as store:
+        assert store.key_count == 5 and store.output_next_offset == 9
+
+
+def test_a_store_written_before_ownership_is_refused_under_it(path: Path) -> None:
+    with reopen(path) as store:
+        store.record_batch(keys(0, 5), 1, input_next_offset=3, output_next_offset=3)
+    with pytest.raises(StoreError, match=r"before ownership.*switched to ownership as a whole"):
+        Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(2))
+    with reopen(path) as store:
+        assert store.key_count == 5
 
 
 def test_second_open_while_locked_fails_clearly(store: Store, path: Path) -> None:

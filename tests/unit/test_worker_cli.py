@@ -118,14 +118,19 @@ def test_arguments_reproduce_the_config() -> None:
                 "90s",
                 "--kubeconfig",
                 "/etc/kube/config",
+                "--owned-topic",
+                "ns.events-owned",
+                "--workers",
+                "8",
             ]
         )
     )
     assert cfg.lease is not None and cfg.lease.duration_s == 60
+    assert cfg.owned_topic == "ns.events-owned" and cfg.workers == 8
     assert cfg.metrics_address == "127.0.0.3"
     assert config_from_args(build_parser().parse_args(arguments(cfg))) == cfg
     standalone = config_from_args(build_parser().parse_args(BASE))
-    assert standalone.lease is None
+    assert standalone.lease is None and standalone.owned_topic is None
     assert config_from_args(build_parser().parse_args(arguments(standalone))) == standalone
 
 

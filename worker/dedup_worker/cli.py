@@ -74,7 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     opt("input-topic", "topic to deduplicate")
     opt("output-topic", "topic receiving each id once")
     opt("dead-letter-topic", "topic for records without a valid id (with reason headers)")
-    opt("partition", "input partition this worker owns (output partition is the same)")
+    opt(
+        "partition",
+        "this worker's number: without ownership the input partition it reads; with it, "
+        "the share of ids it owns; its output partition either way",
+    )
+    opt(
+        "owned-topic",
+        "the pipeline's internal topic: turns ownership on (each id published once by its "
+        "owner however producers partition; needs --workers)",
+    )
+    opt("workers", "how many workers the ids are divided among (spec.partitions)")
     opt("pipeline", "pipeline name (store ownership, transactional id, consumer group)")
     opt("namespace", "namespace of the pipeline", default="default")
     opt(
@@ -198,6 +208,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         kafka_settings=kafka_settings,
         metrics_port=metrics_port or None,
         metrics_address=args.metrics_address,
+        owned_topic=args.owned_topic or None,
+        workers=_int(args.workers, "workers") if args.workers else None,
         lease=lease,
     )
 
@@ -241,6 +253,8 @@ def arguments(config: WorkerConfig) -> list[str]:
         argv += ["--window-duration", format_duration_ms(config.window.duration_ms)]
     if config.window.max_keys is not None:
         argv += ["--window-max-keys", str(config.window.max_keys)]
+    if config.owned_topic is not None and config.workers is not None:
+        argv += ["--owned-topic", config.owned_topic, "--workers", str(config.workers)]
     if config.kafka_settings:
         argv += ["--kafka-config", ",".join(f"{k}={v}" for k, v in config.kafka_settings.items())]
     return argv

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dedup_worker.ids import IdSpec
-from dedup_worker.store import StoreConfig, StoreOwner
+from dedup_worker.store import Ownership, StoreConfig, StoreOwner
 from dedup_worker.window import WindowPolicy
 
 
@@ -75,10 +75,30 @@ class WorkerConfig:
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"  # in a pod: its IP (downward API status.podIP)
     lease: LeaseSettings | None = None
+    # Ownership (dedup_worker.routing): the pipeline's internal topic, and the number of
+    # workers the ids are divided among. Unset: the worker reads input partition
+    # `partition` only and publishes every new id in it (producers must key by id).
+    owned_topic: str | None = None
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.partition < 0:
             raise ValueError(f"partition must be >= 0, got {self.partition}")
+        if (self.owned_topic is None) != (self.workers is None):
+            raise ValueError("--owned-topic and --workers go together (ownership)")
+        if self.workers is not None and not 0 <= self.partition < self.workers:
+            raise ValueError(
+                f"--partition {self.partition} is not one of --workers {self.workers} "
+                f"(0..{self.workers - 1})"
+            )
+        if self.owned_topic is not None and self.owned_topic in (
+            self.input_topic,
+            self.output_topic,
+            self.dead_letter_topic,
+        ):
+            raise ValueError(
+                "the internal topic must differ from the input, output and dead-letter topics"
+            )
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         if self.linger_ms < 0:
@@ -93,6 +113,11 @@ class WorkerConfig:
         return StoreOwner(
             namespace=self.namespace, pipeline=self.pipeline, partition=self.partition
         )
+
+    @property
+    def ownership(self) -> Ownership | None:
+        """The store's ownership generation (None: the worker runs without ownership)."""
+        return None if self.workers is None else Ownership(self.workers)
 
     @property
     def group(self) -> str:

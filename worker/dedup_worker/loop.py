@@ -29,7 +29,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from operator import or_
+from itertools import compress
+from operator import methodcaller, not_, or_
+from typing import cast
 
 from confluent_kafka import (
     Consumer,
@@ -41,7 +43,7 @@ from confluent_kafka import (
 )
 
 from dedup_worker import batch as batch_rules
-from dedup_worker import broker_logs, faults
+from dedup_worker import broker_logs, faults, ownership, routing
 from dedup_worker.batch import DeadLetter, Firsts, Headers, Triage, select_new, triage
 from dedup_worker.broker_logs import STATISTICS_INTERVAL_MS, ConnectionLog
 from dedup_worker.config import WorkerConfig
@@ -50,6 +52,7 @@ from dedup_worker.ids import ID_HEADER
 from dedup_worker.lease import Hold, WorkerState, next_state
 from dedup_worker.metrics import Health, WorkerMetrics
 from dedup_worker.recovery import catch_up
+from dedup_worker.routing import NO_FORWARDS, Forwards, Source, WindowClock
 from dedup_worker.store import Store
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,7 @@ DLQ_OFFSET = batch_rules.DLQ_OFFSET
 DISK_GAUGE_EVERY_S = 10.0
 ABORT_FLUSH_S = 10.0  # before a deliberate abort: the open transaction's records delivered
 PAUSED_STEP_S = 0.05  # while paused, how often the hold is looked at again
+DISCOVER_EVERY_S = 5.0  # how often the input's partitions are looked up (ownership)
 
 _COORDINATOR_MOVING = {
     KafkaError.NOT_COORDINATOR,
@@ -133,20 +137,22 @@ class BatchResult:
 class _Batch:
     """A polled batch between preparation and completion."""
 
-    records: list[Message]  # the data records of one poll, in offset order
+    records: list[Message]  # the data records of one poll, each source's in offset order
     split: Triage
-    new: Firsts  # first occurrences the window does not hold
+    new: Firsts  # first occurrences the window does not hold (and this worker owns)
     new_keys: frozenset[bytes]
+    # each source read: its first offset in the batch and the next to read after it
+    spans: dict[Source, tuple[int, int]]
+    forwards: Forwards = NO_FORWARDS  # first occurrences other workers own
+    received: int = 0  # records read from the internal topic
     started: float = 0.0
     last_output_offset: int = -1
 
     @property
-    def first_offset(self) -> int:
-        return int(self.records[0].offset())
-
-    @property
     def next_input(self) -> int:
-        return int(self.records[-1].offset()) + 1
+        """The next offset of the batch's first source (the store's informational
+        input offset; the consumer group's offsets are the resume points)."""
+        return next(iter(self.spans.values()))[1]
 
     @property
     def newest_ms(self) -> int:
@@ -158,12 +164,16 @@ class _Batch:
 
     @property
     def duplicates(self) -> int:
-        return self.split.repeats + len(self.split.firsts) - len(self.new)
+        return self.split.repeats + len(self.split.firsts) - len(self.new) - len(self.forwards)
 
     def result(self) -> BatchResult:
         return BatchResult(
             len(self.records), len(self.new), self.duplicates, len(self.dead_letters)
         )
+
+    @property
+    def forwarded(self) -> int:
+        return len(self.forwards)
 
     def on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -171,6 +181,15 @@ class _Batch:
 
 
 _NOTHING = BatchResult(0, 0, 0, 0)
+_topic = methodcaller("topic")
+_partition = methodcaller("partition")
+_offset = methodcaller("offset")
+_timestamp = methodcaller("timestamp")
+
+
+def _named(offsets: dict[Source, int]) -> dict[str, int]:
+    """Offsets by source for a log line: ``{"topic[partition]": offset}``."""
+    return {f"{topic}[{partition}]": offset for (topic, partition), offset in offsets.items()}
 
 
 class DedupWorker:
@@ -188,8 +207,10 @@ class DedupWorker:
         self.health = health or Health()
         self.clock = clock
         self._stop = threading.Event()
-        self._input = TopicPartition(config.input_topic, config.partition)
-        self._now_ms = 0  # newest input record timestamp seen: the window's clock
+        self._clock = WindowClock()  # the window's clock over the sources read
+        # what this worker reads: (topic, partition); one input partition without ownership
+        self._sources: list[Source] = []
+        self._discovered_at = 0.0  # monotonic time the input's partitions were last looked up
         self._in_flight: _Batch | None = None
         self._commit_result: Future[bool] | None = None
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
@@ -233,7 +254,7 @@ class DedupWorker:
         started = time.monotonic()
         if not self.fencing.held():
             raise self._fenced(f"not held at start: {self.fencing.why_not_held()}")
-        self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
+        self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store, cfg.ownership)
         self.producer = Producer(self._producer_settings())
         log.info("initialising transactions", extra={"transactional_id": cfg.transactional_id})
         try:
@@ -247,10 +268,10 @@ class DedupWorker:
         if cfg.window.duration_ms is not None:
             rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
         recovered = catch_up(
-            self.store, self.consumer, cfg.output_topic, cfg.partition, rebuild_from
+            self.store, self.consumer, cfg.output_topic, cfg.partition, rebuild_from, cfg.workers
         )
-        resume = self._resume_offset()
-        self.consumer.assign([TopicPartition(cfg.input_topic, cfg.partition, resume)])
+        self._sources = []
+        resume = self._assign(self._find_sources())
         seconds = time.monotonic() - started
         self.metrics.recovery_seconds.set(seconds)
         self.metrics.recovered_ids.set(recovered.ids)
@@ -263,7 +284,8 @@ class DedupWorker:
             extra={
                 "pipeline": cfg.pipeline,
                 "partition": cfg.partition,
-                "input_offset": resume,
+                "input_offset": resume.get((cfg.input_topic, cfg.partition)),
+                "sources": _named(resume),
                 "store_keys": self.store.key_count,
                 "recovered_ids": recovered.ids,
                 "startup_seconds": round(seconds, 3),
@@ -327,7 +349,10 @@ class DedupWorker:
         if redo:
             prepared = None  # the aborted batch is re-polled; what was prepared after it too
         elif expired and prepared is not None:
-            prepared = self._look_up(prepared.records, prepared.split)  # ids just expired are new
+            # ids just expired are new
+            prepared = self._look_up(
+                prepared.records, prepared.split, prepared.spans, prepared.received
+            )
         if prepared is not None:
             self._send(prepared)
         return done
@@ -391,14 +416,15 @@ class DedupWorker:
         assert self.consumer is not None and self._in_flight is None
         cfg = self.config
         if self.store is None:  # closed during a long pause: reopen, catch up, reassign
-            self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store)
+            self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store, cfg.ownership)
             self.consumer.unassign()
-            catch_up(self.store, self.consumer, cfg.output_topic, cfg.partition, None)
-            offset = self._resume_offset()
-            self.consumer.assign([TopicPartition(cfg.input_topic, cfg.partition, offset)])
+            catch_up(self.store, self.consumer, cfg.output_topic, cfg.partition, None, cfg.workers)
+            sources, self._sources = self._sources, []
+            offsets = self._assign(sources)
         else:
-            offset = self._resume_offset()
-            self.consumer.seek(TopicPartition(self._input.topic, self._input.partition, offset))
+            offsets = self._resume_offsets(self._sources)
+            for (topic, partition), offset in offsets.items():
+                self.consumer.seek(TopicPartition(topic, partition, offset))
         paused_s = time.monotonic() - self._paused_at
         self.state = WorkerState.RUNNING
         self.metrics.paused.set(0)
@@ -408,37 +434,102 @@ class DedupWorker:
         self.health.beat()
         log.info(
             "resumed: the Lease is held again at our epoch",
-            extra={"input_offset": offset, "paused_seconds": round(paused_s, 3)},
+            extra={"sources": _named(offsets), "paused_seconds": round(paused_s, 3)},
         )
 
     def _prepare(self) -> _Batch | None:
         assert self.consumer is not None and self.store is not None
         cfg = self.config
+        if cfg.owned_topic is not None and (
+            time.monotonic() - self._discovered_at >= DISCOVER_EVERY_S
+        ):
+            self._discover()
         messages = self.consumer.consume(cfg.batch_size, cfg.linger_ms / 1000)
         self.health.beat()
         records = self._records(messages)
         if not records:
             self._update_lag()
             return None
-        split = triage(records, cfg.id_spec)
+        owned_topic = cfg.owned_topic
+        received = 0
+        if owned_topic is None:  # one source
+            split = triage(records, cfg.id_spec)
+            source = (cfg.input_topic, cfg.partition)
+            spans = {source: (int(records[0].offset()), int(records[-1].offset()) + 1)}
+            self._clock.read(source, split.newest_ms)
+        else:
+            split, spans, received = self._triage_sources(records, owned_topic)
+        self._clock_ends(messages, len(records))
         if split.dead_letters and cfg.dead_letter_topic is None:
-            bad = split.dead_letters[0]
+            bad = cast(Message, split.dead_letters[0].record)
             raise NoDeadLetterTopic(
-                f"offset {bad.record.offset()} of {cfg.input_topic}[{cfg.partition}] has no valid "
-                f"id ({bad.reason}: {bad.detail}) and no dead-letter topic is configured; "
-                "set --dead-letter-topic (spec.kafka.deadLetterTopic) to route such records"
+                f"offset {bad.offset()} of {bad.topic()}[{bad.partition()}] has no valid "
+                f"id ({split.dead_letters[0].reason}: {split.dead_letters[0].detail}) and no "
+                "dead-letter topic is configured; set --dead-letter-topic "
+                "(spec.kafka.deadLetterTopic) to route such records"
             )
-        return self._look_up(records, split)
+        return self._look_up(records, split, spans, received)
 
-    def _look_up(self, records: list[Message], split: Triage) -> _Batch:
+    def _triage_sources(
+        self, records: list[Message], owned_topic: str
+    ) -> tuple[Triage, dict[Source, tuple[int, int]], int]:
+        """Triage of a batch read from several sources (ownership): input records by
+        the id rules, records of the internal topic by their forwarding header. Also
+        each source's span and newest timestamp (for the window's clock)."""
+        cfg = self.config
+        sources = list(zip(map(_topic, records), map(_partition, records), strict=True))
+        first, last = sources[0], sources[-1]
+        newest: dict[Source, int] = {}
+        if first == last and sources.count(first) == len(sources):  # one source read
+            spans = {first: (int(records[0].offset()), int(records[-1].offset()) + 1)}
+        else:
+            spans = routing.source_spans(sources, list(map(_offset, records)))
+            for source, timestamp in zip(sources, map(_timestamp, records), strict=True):
+                if timestamp[1] > newest.get(source, 0):
+                    newest[source] = timestamp[1]
+        received = 0
+        if not any(topic == owned_topic for topic, _ in spans):
+            split = triage(records, cfg.id_spec)
+        else:
+            forwarded = [topic == owned_topic for topic, _ in sources]
+            received = sum(forwarded)
+            split = routing.merge(
+                triage(list(compress(records, map(not_, forwarded))), cfg.id_spec),
+                routing.triage_forwarded(list(compress(records, forwarded))),
+            )
+        for source, newest_ms in (newest or {first: split.newest_ms}).items():
+            self._clock.read(source, newest_ms)
+        return split, spans, received
+
+    def _clock_ends(self, messages: list[Message], records: int) -> None:
+        """Sources the poll reached the end of no longer hold the window's clock back."""
+        if records != len(messages):
+            for msg in messages:
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    self._clock.at_end((msg.topic(), msg.partition()))
+
+    def _look_up(
+        self,
+        records: list[Message],
+        split: Triage,
+        spans: dict[Source, tuple[int, int]],
+        received: int = 0,
+    ) -> _Batch:
+        """Which first occurrences this worker owns, and which of those are new."""
         assert self.store is not None
-        keys = split.firsts.keys
+        cfg = self.config
+        firsts, forwards = split.firsts, NO_FORWARDS
+        if cfg.workers is not None and firsts:
+            owners = ownership.owners(firsts.utf8_ids, cfg.workers)
+            firsts, forwards = routing.route(firsts, owners, cfg.partition)
+        keys = firsts.keys
         present = self.store.contains_many(keys)
         flying = frozenset() if self._in_flight is None else self._in_flight.new_keys
         if not flying.isdisjoint(keys):
             present = list(map(or_, present, map(flying.__contains__, keys)))
-        new = select_new(split.firsts, present)
-        return _Batch(records, split, new, frozenset(new.keys))
+        new = select_new(firsts, present)
+        return _Batch(records, split, new, frozenset(new.keys), spans, forwards, received)
 
     def _send(self, batch: _Batch) -> None:
         """Open the batch's transaction, produce its records, and commit it in the
@@ -458,31 +549,34 @@ class DedupWorker:
         self._in_flight = self._commit_result = None
         assert self.store is not None and self.consumer is not None
         if not future.result():  # raises Fenced
-            self.consumer.seek(
-                TopicPartition(self._input.topic, self._input.partition, batch.first_offset)
-            )
+            for (topic, partition), (first, _) in batch.spans.items():
+                self.consumer.seek(TopicPartition(topic, partition, first))
             return _NOTHING, True, 0
         self.metrics.batch_seconds.observe(time.monotonic() - batch.started)
         faults.maybe_crash("after-commit")
 
-        self._now_ms = max(self._now_ms, batch.newest_ms)
+        now_ms = self._clock.advance()
         self.store.record_batch(
             batch.new.keys,
             # The batch's newest timestamp, not its new records' newest: an id may be kept
             # a little longer than its own timestamp says, never shorter.
-            self._now_ms,
+            max(now_ms, batch.newest_ms),
             input_next_offset=batch.next_input,
             output_next_offset=batch.last_output_offset + 1 if batch.new else None,
             # distinct (triage), not in the store at lookup, not in the batch before
             # (in-flight check), and nothing else writes the store meanwhile
             known_new=True,
         )
-        expired = self.store.expire(self._now_ms)
+        expired = self.store.expire(now_ms)
 
         m = self.metrics
         m.records_in.inc(len(batch.records))
         m.records_out.inc(len(batch.new))
         m.duplicates.inc(batch.duplicates)
+        if batch.forwards:
+            m.forwarded.inc(len(batch.forwards))
+        if batch.received:
+            m.received.inc(batch.received)
         for dead in batch.dead_letters:
             m.dead_letter(dead.reason)
         if expired:
@@ -500,8 +594,11 @@ class DedupWorker:
             produce = self.producer.produce
             new = batch.new
             last = len(new) - 1
+            owned_topic = cfg.owned_topic if batch.received else None
             for i, (rec, utf8_id) in enumerate(zip(new.records, new.utf8_ids, strict=True)):
                 own = rec.headers()
+                if owned_topic is not None and own and rec.topic() == owned_topic:  # type: ignore[attr-defined]
+                    own = routing.without_forwarding(own)  # as if it had not been forwarded
                 hs: Headers = (
                     [(ID_HEADER, utf8_id)] if own is None else [*own, (ID_HEADER, utf8_id)]
                 )
@@ -526,6 +623,7 @@ class DedupWorker:
                         partition,
                         callback,
                     )
+            self._forward(batch.forwards)
             for dl in batch.dead_letters:
                 self._produce(
                     cfg.dead_letter_topic or "",
@@ -538,13 +636,30 @@ class DedupWorker:
             self._raise_if_fenced(exc, "produce (begin_transaction, produce)")
             raise
 
+    def _forward(self, forwards: Forwards) -> None:
+        """Produce each record another worker owns to its owner's partition of the
+        internal topic (in the open transaction), with the forwarding headers."""
+        owned_topic = self.config.owned_topic
+        if not forwards or owned_topic is None:
+            return
+        for rec, utf8_id, to in zip(
+            cast(list[Message], forwards.records), forwards.utf8_ids, forwards.owners, strict=True
+        ):
+            if rec.topic() == owned_topic:  # read from the internal topic: forwarded already
+                headers = rec.headers() or []
+            else:
+                headers = routing.forward_headers(
+                    rec.headers(), utf8_id, int(rec.partition()), int(rec.offset())
+                )
+            self._produce(owned_topic, rec.value(), rec.key(), headers, rec.timestamp()[1], to)
+            faults.maybe_crash("forwarding")  # test-only: a forwarder dying mid-transaction
+
     def _commit(self, batch: _Batch) -> bool:
         """(Committer thread.) Flush, add the input offset, commit. False if the
         transaction was aborted and the batch must be redone; raises Fenced when this
         worker is a zombie."""
         assert self.producer is not None and self.consumer is not None
         producer = self.producer
-        cfg = self.config
         try:
             if not self._check_token(producer):
                 return False
@@ -553,7 +668,10 @@ class DedupWorker:
             # follow (bench/README, "Overlapping more on two cores").
             producer.flush()
             producer.send_offsets_to_transaction(
-                [TopicPartition(cfg.input_topic, cfg.partition, batch.next_input)],
+                [
+                    TopicPartition(topic, partition, next_offset)
+                    for (topic, partition), (_, next_offset) in batch.spans.items()
+                ],
                 self.consumer.consumer_group_metadata(),
             )
             faults.maybe_crash("before-commit")
@@ -688,13 +806,14 @@ class DedupWorker:
                 self.producer.poll(0.05)
 
     def _dead_letter_headers(self, dead: DeadLetter) -> list[tuple[str, bytes | None]]:
+        record = cast(Message, dead.record)
         return batch_rules.dead_letter_headers(
-            dead.record.headers(),
+            record.headers(),
             dead.reason,
             dead.detail,
-            self.config.input_topic,
-            self.config.partition,
-            dead.record.offset(),
+            str(record.topic()),
+            int(record.partition()),
+            int(record.offset()),
         )
 
     # -- helpers ---------------------------------------------------------------------
@@ -709,25 +828,93 @@ class DedupWorker:
                     raise KafkaException(err)
         return records
 
-    def _resume_offset(self) -> int:
-        assert self.consumer is not None
-        committed = self._committed_input_offset()
-        if committed >= 0:
-            return committed
-        # Nothing committed yet: the partition's first offset, given explicitly; the
-        # logical OFFSET_BEGINNING costs librdkafka a reset round (~1 s to first fetch).
-        low, _ = self.consumer.get_watermark_offsets(self._input, timeout=30)
-        return int(low)
+    def _find_sources(self) -> list[Source]:
+        """What this worker reads: its input partition; under ownership, every input
+        and internal partition equal to it modulo the number of workers."""
+        cfg = self.config
+        if cfg.owned_topic is None or cfg.workers is None:
+            return [(cfg.input_topic, cfg.partition)]
+        self._discovered_at = time.monotonic()
+        return [
+            (topic, partition)
+            for topic in (cfg.input_topic, cfg.owned_topic)
+            for partition in routing.sources_of(
+                cfg.partition, cfg.workers, self._partition_count(topic)
+            )
+        ]
 
-    def _committed_input_offset(self, deadline_s: float = 60.0) -> int:
-        """The input offset committed by the last transaction. A broker that has just
-        started answers NOT_COORDINATOR while it loads its offsets topic: that and other
-        retriable errors are retried until `deadline_s`."""
+    def _partition_count(self, topic: str, timeout_s: float = 30) -> int:
+        assert self.consumer is not None
+        metadata = self.consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            err = None if metadata is None else metadata.error
+            raise KafkaException(err or KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        return len(metadata.partitions)
+
+    def _discover(self) -> None:
+        """Start reading input partitions that appeared since the last look (the topic
+        grew), each from its committed offset, else from its log start: nothing
+        produced before this worker noticed the partition is skipped."""
+        cfg = self.config
+        assert cfg.workers is not None
+        self._discovered_at = time.monotonic()
+        try:
+            count = self._partition_count(cfg.input_topic, timeout_s=5)
+        except KafkaException as exc:
+            log.debug("input metadata not read; trying again later", extra={"error": str(exc)})
+            return
+        known = set(self._sources)
+        new = [
+            (cfg.input_topic, partition)
+            for partition in routing.sources_of(cfg.partition, cfg.workers, count)
+            if (cfg.input_topic, partition) not in known
+        ]
+        if new:
+            offsets = self._assign(new)
+            log.info(
+                "input partitions discovered",
+                extra={"topic": cfg.input_topic, "partitions": count, "sources": _named(offsets)},
+            )
+
+    def _assign(self, sources: list[Source]) -> dict[Source, int]:
+        """Add `sources` to the consumer's assignment at their resume offsets."""
+        assert self.consumer is not None
+        offsets = self._resume_offsets(sources)
+        partitions = [TopicPartition(t, p, offset) for (t, p), offset in offsets.items()]
+        if self._sources:
+            self.consumer.incremental_assign(partitions)
+        else:
+            self.consumer.assign(partitions)
+        self._sources = [*self._sources, *sources]
+        return offsets
+
+    def _resume_offsets(self, sources: list[Source]) -> dict[Source, int]:
+        """Each source's offset committed by the last transaction; a source with none
+        starts at its first offset (given explicitly: the logical OFFSET_BEGINNING costs
+        librdkafka a reset round, about 1 s to the first fetch)."""
+        assert self.consumer is not None
+        committed = self._committed_offsets(sources)
+        for source, offset in committed.items():
+            if offset < 0:
+                low, _ = self.consumer.get_watermark_offsets(TopicPartition(*source), timeout=30)
+                committed[source] = int(low)
+        return committed
+
+    def _committed_offsets(
+        self, sources: list[Source], deadline_s: float = 60.0
+    ) -> dict[Source, int]:
+        """The offsets committed by the last transaction (negative: none). A broker that
+        has just started answers NOT_COORDINATOR while it loads its offsets topic: that
+        and other retriable errors are retried until `deadline_s`."""
         assert self.consumer is not None
         deadline = time.monotonic() + deadline_s
+        asked = [TopicPartition(topic, partition) for topic, partition in sources]
         while True:
             try:
-                return int(self.consumer.committed([self._input], timeout=30)[0].offset)
+                return {
+                    (tp.topic, tp.partition): int(tp.offset)
+                    for tp in self.consumer.committed(asked, timeout=30)
+                }
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 if not worth_retrying(err) or time.monotonic() > deadline:
@@ -736,22 +923,29 @@ class DedupWorker:
                 time.sleep(0.2)
 
     def _update_lag(self) -> None:
+        """Records not read yet: of the input (consumer lag) and of the internal topic."""
         assert self.consumer is not None
+        lag = {self.config.input_topic: 0, self.config.owned_topic: 0}
         try:
-            _, high = self.consumer.get_watermark_offsets(self._input, cached=True)
-            position = self.consumer.position([self._input])[0].offset
+            positions = self.consumer.position([TopicPartition(*s) for s in self._sources])
+            for tp in positions:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if high >= 0 and tp.offset >= 0:
+                    lag[tp.topic] += max(0, high - tp.offset)
         except KafkaException:
             return
-        if high >= 0 and position >= 0:
-            self.metrics.consumer_lag.set(max(0, high - position))
+        self.metrics.consumer_lag.set(lag[self.config.input_topic])
+        if self.config.owned_topic is not None:
+            self.metrics.forwarded_lag.set(lag[self.config.owned_topic])
 
     def _refresh_store_gauges(self) -> None:
         assert self.store is not None
         self._refresh_disk_gauge()
         self.metrics.store_keys.set(self.store.key_count)
         oldest = self.store.oldest_timestamp_ms
-        if oldest is not None and self._now_ms:
-            self.metrics.window_age.set(max(0.0, (self._now_ms - oldest) / 1000))
+        now_ms = self._clock.now_ms
+        if oldest is not None and now_ms:
+            self.metrics.window_age.set(max(0.0, (now_ms - oldest) / 1000))
 
     def _refresh_disk_gauge(self) -> None:
         """Store size on disk: lists files, so at most every DISK_GAUGE_EVERY_S."""

@@ -34,7 +34,22 @@ class WorkerMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, LABELS, registry=r)
 
-        self.records_in = counter("dedup_records_in", "Input records consumed").labels(**labels)
+        self.records_in = counter(
+            "dedup_records_in", "Records consumed (input, and forwarded to this worker)"
+        ).labels(**labels)
+        self.forwarded = counter(
+            "dedup_records_forwarded",
+            "Records read whose id another worker owns, forwarded to it through the "
+            "internal topic (their share of the input is the misrouted share)",
+        ).labels(**labels)
+        self.received = counter(
+            "dedup_records_received",
+            "Records read from the internal topic: forwarded to this worker by others",
+        ).labels(**labels)
+        self.forwarded_lag = gauge(
+            "dedup_forwarded_lag",
+            "Records forwarded to this worker not read yet (internal topic, read_committed)",
+        ).labels(**labels)
         self.records_out = counter(
             "dedup_records_out", "Records published to the output topic"
         ).labels(**labels)

@@ -5,6 +5,11 @@ between commit and store write) but never lead it. Reading the output partition 
 store's applied output offset to its end re-applies whatever it missed; an empty or lost
 store is rebuilt the same way over the window. Every output record carries its id in the
 `ID_HEADER` header, so no payload is parsed here.
+
+Under ownership a full rebuild reads **every** output partition over the window and keeps
+the ids this worker owns: ids published on another partition are there only if the
+pipeline ran without ownership before (its producers then decided the partition), and
+they must not be published again.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from dedup_worker import ownership
 from dedup_worker.ids import ID_HEADER, id_key
 from dedup_worker.store import Store
 
@@ -72,9 +78,16 @@ def nothing_to_read(first: int, end: int) -> bool:
 
 
 def catch_up(
-    store: Store, consumer: Consumer, topic: str, partition: int, rebuild_from_ms: int | None
+    store: Store,
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    rebuild_from_ms: int | None,
+    workers: int | None = None,
 ) -> CatchUp:
-    """Read the output partition (read_committed) to its end into the store.
+    """Read the output partition (read_committed) to its end into the store; under
+    ownership (`workers`), a full rebuild first reads the other output partitions for
+    the ids this worker owns.
 
     `consumer` must have `enable.partition.eof` on and no assignment; it is left unassigned.
     """
@@ -82,12 +95,17 @@ def catch_up(
     tp = TopicPartition(topic, partition)
     low, end = consumer.get_watermark_offsets(tp, timeout=30)  # read_committed: last stable
     first, rebuilt = start_offset(store, consumer, tp, rebuild_from_ms, int(low), int(end))
+    owned_elsewhere = 0
+    if rebuilt and workers is not None:
+        owned_elsewhere = _rebuild_from_other_partitions(
+            store, consumer, topic, partition, workers, rebuild_from_ms
+        )
     log.info(
         "catch-up from output topic",
         extra={"topic": topic, "partition": partition, "from_offset": first, "rebuild": rebuilt},
     )
     if nothing_to_read(first, int(end)):
-        result = CatchUp(first, first, 0, 0, time.monotonic() - started, rebuilt)
+        result = CatchUp(first, first, owned_elsewhere, 0, time.monotonic() - started, rebuilt)
         log.info("catch-up done: output has nothing past the store", extra={"offset": first})
         return result
     consumer.assign([TopicPartition(topic, partition, first)])
@@ -132,7 +150,14 @@ def catch_up(
             "worker writes to the output topic",
             extra={"count": without_id, "header": ID_HEADER},
         )
-    result = CatchUp(first, next_offset, applied, without_id, time.monotonic() - started, rebuilt)
+    result = CatchUp(
+        first,
+        next_offset,
+        applied + owned_elsewhere,
+        without_id,
+        time.monotonic() - started,
+        rebuilt,
+    )
     log.info(
         "catch-up done",
         extra={
@@ -144,6 +169,66 @@ def catch_up(
         },
     )
     return result
+
+
+def _rebuild_from_other_partitions(
+    store: Store,
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    workers: int,
+    rebuild_from_ms: int | None,
+) -> int:
+    """Add to the store the ids this worker owns that were published on the other
+    output partitions within the window; how many. The store's output offset (its own
+    partition's) is not touched, so a crash here repeats the rebuild."""
+    metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise KafkaException(metadata.error if metadata is not None else KafkaError._UNKNOWN_TOPIC)
+    others = [p for p in sorted(metadata.partitions) if p != partition]
+    starts: list[TopicPartition] = []
+    for other in others:
+        tp = TopicPartition(topic, other)
+        low, end = consumer.get_watermark_offsets(tp, timeout=30)
+        first = int(low)
+        if rebuild_from_ms is not None:
+            found = consumer.offsets_for_times(
+                [TopicPartition(topic, other, rebuild_from_ms)], timeout=30
+            )[0].offset
+            first = int(end) if found < 0 else int(found)
+        if first < int(end):
+            starts.append(TopicPartition(topic, other, first))
+    if not starts:
+        return 0
+    consumer.assign(starts)
+    open_partitions = {tp.partition for tp in starts}
+    kept = 0
+    try:
+        while open_partitions:
+            keys: list[bytes] = []
+            newest_ms = 0
+            for msg in consumer.consume(CATCH_UP_BATCH, 0.1):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(msg.partition())
+                        continue
+                    raise KafkaException(err)
+                message_id = _id_header(msg.headers())
+                if message_id is None or ownership.owner(message_id, workers) != partition:
+                    continue
+                keys.append(id_key(message_id))
+                newest_ms = max(newest_ms, int(msg.timestamp()[1]))
+            if keys:
+                store.record_batch(keys, newest_ms, input_next_offset=None, output_next_offset=None)
+                kept += len(keys)
+    finally:
+        consumer.unassign()
+    log.info(
+        "rebuild: ids this worker owns read from the other output partitions",
+        extra={"topic": topic, "partitions": others, "ids": kept},
+    )
+    return kept
 
 
 def _id_header(headers: list[tuple[str, bytes | None]] | None) -> str | None:

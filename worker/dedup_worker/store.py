@@ -68,9 +68,14 @@ MiB: Final = 1 << 20
 PARALLEL_LOOKUP_MIN: Final = 1024
 """Smallest batch that ``contains_many`` splits across the lookup threads."""
 FORMAT_VERSION: Final = 1
+"""A store of a worker without ownership: its ids are those of one input partition."""
+FORMAT_VERSION_OWNED: Final = 2
+"""A store of a worker under ownership (`Ownership`): its ids are those it owns. A worker
+of a commit before ownership reads format 1 only, so it refuses such a store."""
 
 _FORMAT: Final = b"format"
 _OWNER: Final = b"owner"
+_OWNERSHIP: Final = b"ownership"
 _INPUT_OFFSET: Final = b"offset/input"
 _OUTPUT_OFFSET: Final = b"offset/output"
 _NEXT_GENERATION: Final = b"generation/next"
@@ -99,6 +104,24 @@ class StoreOwner:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pipeline} partition {self.partition}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The ownership generation a store was written under: the number of workers the ids
+    are divided among (`dedup_worker.ownership.owner`) and how many reshards changed that
+    number (0 until resharding exists). A store of another generation holds another share
+    of the ids, so a worker refuses it."""
+
+    workers: int
+    reshards: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.reshards < 0:
+            raise ValueError(f"invalid ownership generation {self}")
+
+    def __str__(self) -> str:
+        return f"workers={self.workers},reshards={self.reshards}"
 
 
 @dataclass(frozen=True)
@@ -154,11 +177,13 @@ class Store:
         window: WindowPolicy,
         config: StoreConfig,
         cf_options: Options,
+        ownership: Ownership | None = None,
     ) -> None:
         """Use ``Store.open``."""
         self._path = path
         self._db: Rdict | None = db
         self._owner = owner
+        self._ownership = ownership
         self._window = window
         self._config = config
         self._cf_options = cf_options
@@ -187,11 +212,17 @@ class Store:
         owner: StoreOwner,
         window: WindowPolicy,
         config: StoreConfig = StoreConfig(),
+        ownership: Ownership | None = None,
     ) -> Store:
         """Open the store at ``path``, creating it (owned by ``owner``) if there is none.
 
+        ``ownership``: the generation of a worker under ownership (format 2), None for
+        one without (format 1). A store written under another generation, or in the other
+        format, is refused.
+
         Raises StoreOwnershipError if it belongs to someone else, StoreError if it
-        cannot be opened (locked by another process, corrupt, newer format).
+        cannot be opened (locked by another process, corrupt, another format or
+        ownership generation).
         """
         path = Path(path)
         db_options, cf_options = _options(config)
@@ -201,7 +232,7 @@ class Store:
             db = Rdict(str(path), db_options, column_families=families)
         except Exception as error:  # rocksdict raises bare Exception for RocksDB errors
             raise StoreError(f"cannot open store at {path}: {error}") from error
-        store = cls(path, db, owner, window, config, cf_options)
+        store = cls(path, db, owner, window, config, cf_options, ownership)
         try:
             store._load()
         except BaseException:
@@ -473,10 +504,14 @@ class Store:
                 raise StoreError(f"store at {self._path} has data but no format record")
             self._initialise(db)
             meta = _metadata(db)
-        elif recorded_format != str(FORMAT_VERSION).encode():
+        elif recorded_format != str(self._format).encode():
+            raise StoreError(self._refusal(recorded_format.decode(errors="replace")))
+        recorded_ownership = meta.get(_OWNERSHIP)
+        if self._ownership is not None and recorded_ownership != str(self._ownership).encode():
             raise StoreError(
-                f"store at {self._path} has format {recorded_format.decode(errors='replace')}; "
-                f"this worker reads format {FORMAT_VERSION}"
+                f"store at {self._path} was written under ownership generation "
+                f"{(recorded_ownership or b'none').decode(errors='replace')}, this worker runs "
+                f"under {self._ownership}; its ids are another share, so it is refused"
             )
         recorded_owner = _decode_owner(meta.get(_OWNER), self._path)
         if recorded_owner != self._owner:
@@ -500,10 +535,33 @@ class Store:
         )
         self._reconcile(db, generations)
 
+    @property
+    def _format(self) -> int:
+        return FORMAT_VERSION if self._ownership is None else FORMAT_VERSION_OWNED
+
+    def _refusal(self, recorded: str) -> str:
+        """Why a store of format ``recorded`` is refused by this worker."""
+        if self._ownership is None and recorded == str(FORMAT_VERSION_OWNED):
+            return (
+                f"store at {self._path} has format {recorded}: it was written under "
+                "ownership (--owned-topic), and this worker runs without it"
+            )
+        if self._ownership is not None and recorded == str(FORMAT_VERSION):
+            return (
+                f"store at {self._path} has format {recorded}: it was written before "
+                "ownership, and its ids are those of one input partition; a pipeline is "
+                "switched to ownership as a whole, never one worker at a time"
+            )
+        return (
+            f"store at {self._path} has format {recorded}; this worker reads format {self._format}"
+        )
+
     def _initialise(self, db: Rdict) -> None:
         batch = WriteBatch(raw_mode=True)
-        batch.put(_FORMAT, str(FORMAT_VERSION).encode())
+        batch.put(_FORMAT, str(self._format).encode())
         batch.put(_OWNER, _encode_owner(self._owner))
+        if self._ownership is not None:
+            batch.put(_OWNERSHIP, str(self._ownership).encode())
         db.write(batch, self._sync)
 
     def _reconcile(self, db: Rdict, generations: list[Generation]) -> None:

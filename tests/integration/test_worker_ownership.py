@@ -1,0 +1,223 @@
+"""Each id published once however producers partition, on the real broker: workers
+under ownership (dedup_worker.routing) forward the records they do not own through the
+internal topic, read input partitions that appear while they run, and rebuild a lost
+store from every output partition.
+
+The oracle is the broker and librdkafka, not our hash (support/ownership_pipeline.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from dedup_local import kafka as local_kafka
+from dedup_local.pod_health import error_line
+from dedup_worker.ids import ID_HEADER
+from dedup_worker.routing import FORWARD_ORIGIN
+from support.ownership_pipeline import (
+    WORKERS,
+    Pipeline,
+    assert_exact,
+    event,
+    output_id,
+    produce,
+)
+from support.worker_helpers import start_worker
+
+pytestmark = pytest.mark.integration
+
+
+def test_round_robin_producer_every_id_once_across_the_output(kafka: Any, tmp_path: Path) -> None:
+    """Each id sent twice, the copies on different partitions (as a producer keyed by
+    anything but the id does): every repeat is caught, whichever copy comes first."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = [f"rr-{i}" for i in range(2000)]
+    placement = pipe.placement(ids)
+    pipe.start_all()
+    # the first copy on the owner's partition for half the ids, on the other for the rest
+    first = [(i, i, placement[i] if n % 2 else 1 - placement[i]) for n, i in enumerate(ids)]
+    second = [(i, i, 1 - p) for i, _, p in first]
+    produce(pipe.bootstrap, pipe.input_topic, first)
+    produce(pipe.bootstrap, pipe.input_topic, second)
+    out = pipe.wait_settled(set(ids))
+    time.sleep(2)
+    assert_exact(pipe.output(), placement)
+    forwarded = sum(pipe.metric(w, "dedup_records_forwarded_total") for w in range(WORKERS))
+    received = sum(pipe.metric(w, "dedup_records_received_total") for w in range(WORKERS))
+    # every id has one copy on the wrong partition; a copy read after its id was
+    # published by the owner... is still forwarded (only the owner knows)
+    assert forwarded == len(ids) == received, (forwarded, received)
+    internal = local_kafka.read_committed(pipe.bootstrap, pipe.owned_topic, [0, 1], settle_s=1)
+    origins = [dict(m.headers() or [])[FORWARD_ORIGIN] for m in internal]
+    assert len(origins) == len(ids) and all(re.fullmatch(rb"[01]:\d+", o) for o in origins)
+    assert len(out) == len(ids)
+    pipe.stop_all()
+    assert pipe.worker_log_problems() == []
+
+
+def test_librdkafkas_default_partitioner_is_forwarded_and_its_share_shown(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """A producer on librdkafka's default partitioner (consistent_random: CRC32, not
+    murmur2) keyed by the id puts about half the ids on a partition their owner does not
+    read: the metrics show the misrouted share, and the output is exact."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = [f"crc-{i}" for i in range(3000)]
+    placement = pipe.placement(ids)
+    pipe.start_all()
+    records = [(i, i, None) for i in ids] + [(i, i, None) for i in ids[::3]]
+    produce(pipe.bootstrap, pipe.input_topic, records, partitioner="consistent_random")
+    pipe.wait_settled(set(ids))
+    time.sleep(2)
+    assert_exact(pipe.output(), placement)
+    read = sum(pipe.metric(w, "dedup_records_in_total") for w in range(WORKERS))
+    received = sum(pipe.metric(w, "dedup_records_received_total") for w in range(WORKERS))
+    forwarded = sum(pipe.metric(w, "dedup_records_forwarded_total") for w in range(WORKERS))
+    share = forwarded / (read - received)
+    print(f"misrouted share with librdkafka's default partitioner: {share:.1%}")
+    assert read - received == len(records)
+    assert 0.35 < share < 0.65, share
+    pipe.stop_all()
+    assert pipe.worker_log_problems() == []
+
+
+def grow(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(30)
+
+
+def discovery_times(log: Path) -> list[float]:
+    """When the workers logged finding new input partitions (epoch seconds)."""
+    times = []
+    for line in log.read_text().splitlines():
+        if "input partitions discovered" in line:
+            stamp = datetime.strptime(json.loads(line)["time"], "%Y-%m-%d %H:%M:%S,%f")
+            times.append(stamp.timestamp())  # the worker's local time, as this process's
+    return times
+
+
+@pytest.mark.parametrize("grown", [4, 3], ids=["2to4", "2to3"])
+def test_the_input_grows_while_workers_run(kafka: Any, tmp_path: Path, grown: int) -> None:
+    """2 -> 4 partitions (a multiple of the workers: nothing forwarded) or 2 -> 3 (not
+    a multiple: forwarding starts) mid-stream, with every id of the window repeated keyed
+    by id: exact output, no worker restarted. Records reach a new partition before its
+    worker has noticed it (the workers are stopped meanwhile, SIGSTOP) and are read from
+    the partition's start."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = [f"grow-{i}" for i in range(1500)]
+    more = [f"grow-new-{i}" for i in range(500)]
+    placement = pipe.placement(ids + more)
+    pipe.start_all()
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, None) for i in ids))
+    pipe.wait_settled(set(ids))
+    pids = {w: p.pid for w, p in pipe.procs.items()}
+
+    for proc in pipe.procs.values():
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        grow(pipe.bootstrap, pipe.input_topic, grown)
+        # the repeats and the new ids keyed by id, spread over all `grown` partitions
+        where = produce(pipe.bootstrap, pipe.input_topic, ((i, i, None) for i in ids + more))
+        produced_at = time.time()
+    finally:
+        for proc in pipe.procs.values():
+            proc.send_signal(signal.SIGCONT)
+    on_new = [i for i, p in where.items() if p >= 2]
+    assert len(on_new) > 300, "records reached the new partitions"
+
+    pipe.wait_settled(set(ids + more))
+    time.sleep(2)
+    assert_exact(pipe.output(), placement)
+    assert {w: p.pid for w, p in pipe.procs.items()} == pids
+    assert all(p.poll() is None for p in pipe.procs.values()), "no worker restarted"
+    found = discovery_times(pipe.log)
+    assert len(found) == grown - 2, found  # one line per worker that gained a partition
+    assert min(found) > produced_at, "the records were produced before the discovery"
+    forwarded = sum(pipe.metric(w, "dedup_records_forwarded_total") for w in range(WORKERS))
+    if grown % WORKERS == 0:
+        assert forwarded == 0, "keyed by id on a multiple of the workers: nothing forwarded"
+    else:
+        assert forwarded > 0
+    pipe.stop_all()
+    assert pipe.worker_log_problems() == []
+
+
+def test_a_lost_store_is_rebuilt_from_every_output_partition(kafka: Any, tmp_path: Path) -> None:
+    """A store lost under ownership is rebuilt from all output partitions: an id this
+    worker owns that another partition published (as a pipeline that ran without
+    ownership did) is not published again."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = [f"lost-{i}" for i in range(400)]
+    placement = pipe.placement(ids)
+    owned_by_0 = [i for i in ids if placement[i] == 0]
+    # published earlier on partition 1 by a worker that read them there
+    legacy = owned_by_0[:50]
+    producer = Producer({"bootstrap.servers": pipe.bootstrap, "transactional.id": pipe.name})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for n, message_id in enumerate(legacy):
+        producer.produce(
+            pipe.output_topic,
+            event(message_id, n),
+            message_id.encode(),
+            partition=1,
+            headers=[(ID_HEADER, message_id.encode())],
+        )
+    producer.commit_transaction(30)
+
+    pipe.start_all()
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, None) for i in ids))
+    pipe.wait_settled(set(ids))
+    pipe.stop_all()
+    out = pipe.output()
+    assert Counter(output_id(m) for m in out) == Counter(ids), "the legacy ids were not published"
+
+    for worker in range(WORKERS):  # both volumes lost
+        store = tmp_path / f"{pipe.name}-store-{worker}"
+        assert store.is_dir()
+        subprocess.run(["rm", "-rf", str(store)], check=True)
+    pipe.start_all()
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, None) for i in ids))  # all repeated
+    pipe.wait_settled(set(ids))
+    time.sleep(2)
+    assert Counter(output_id(m) for m in pipe.output()) == Counter(ids), "nothing published again"
+    pipe.stop_all()
+    assert "rebuild: ids this worker owns read from the other output partitions" in (
+        pipe.log.read_text()
+    )
+    assert pipe.worker_log_problems() == []
+
+
+def test_a_store_of_another_ownership_generation_is_refused_with_one_line(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """A store written by worker 0 of 2 opened by worker 0 of 3: exit 5, one ERROR line."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    pipe.start(0)
+    deadline = time.monotonic() + 60
+    while "worker ready" not in pipe.log.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    pipe.stop_all()
+    cfg = replace(
+        pipe.config(0, workers=3), store_path=tmp_path / f"{pipe.name}-store-0", metrics_port=0
+    )
+    log = tmp_path / "refused.log"
+    proc = start_worker(cfg, log)
+    assert proc.wait(timeout=60) == 5
+    errors = [line for line in log.read_text().splitlines() if error_line(line)]
+    assert len(errors) == 1 and "ownership generation workers=2" in errors[0], errors
+    assert "Traceback" not in log.read_text()

@@ -1,0 +1,128 @@
+"""Under ownership: which records a worker publishes, which it forwards, what it reads,
+and the window's clock over several sources (pure)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from dedup_worker.batch import Record, triage
+from dedup_worker.ids import IdSpec, id_key
+from dedup_worker.ownership import owner_reference
+from dedup_worker.routing import (
+    FORWARD_ID,
+    FORWARD_ORIGIN,
+    NOT_FORWARDED,
+    WindowClock,
+    forward_headers,
+    forwarded_id,
+    merge,
+    route,
+    source_spans,
+    sources_of,
+    triage_forwarded,
+    without_forwarding,
+)
+
+
+def event(message_id: str) -> bytes:
+    return json.dumps({"messageId": message_id}).encode()
+
+
+def test_a_worker_reads_the_partitions_equal_to_it_modulo_the_workers() -> None:
+    assert sources_of(1, 2, 5) == [1, 3]
+    assert sources_of(0, 4, 4) == [0]
+    assert sources_of(3, 4, 3) == [], "a topic with fewer partitions than workers"
+    # every partition read by exactly one worker, however many there are
+    for partitions in range(1, 12):
+        for workers in range(1, 6):
+            read = sorted(p for w in range(workers) for p in sources_of(w, workers, partitions))
+            assert read == list(range(partitions))
+    with pytest.raises(ValueError):
+        sources_of(2, 2, 4)
+
+
+def test_forwarding_headers_come_off_exactly_leaving_the_record_as_it_was() -> None:
+    own = [("trace", b"t1"), (FORWARD_ID, b"user-put-this")]  # a user header of that name too
+    forwarded = forward_headers(own, "ü-1".encode(), 3, 1234)
+    assert forwarded[-2:] == [(FORWARD_ID, "ü-1".encode()), (FORWARD_ORIGIN, b"3:1234")]
+    assert forwarded_id(forwarded) == "ü-1".encode()
+    assert without_forwarding(forwarded) == own
+    assert without_forwarding(forward_headers(None, b"a", 0, 0)) == []
+    assert forwarded_id(own) is None, "no origin header last: not forwarded"
+    assert forwarded_id(None) is None
+
+
+def test_forwarded_records_take_their_id_from_the_header_without_parsing_the_value() -> None:
+    records = [
+        Record(0, None, b"not json at all", forward_headers(None, b"x", 0, 7), 10),
+        Record(1, None, b"{}", forward_headers([("h", b"1")], b"y", 1, 8), 30),
+        Record(2, None, b"", forward_headers(None, b"x", 1, 9), 20),
+        Record(3, None, event("z"), [("h", b"1")], 5),  # written by something else
+    ]
+    split = triage_forwarded(records)
+    assert split.firsts.message_ids == ["x", "y"]
+    assert split.firsts.keys == [id_key("x"), id_key("y")]
+    assert split.repeats == 1 and split.newest_ms == 30
+    assert [(d.record.offset(), d.reason) for d in split.dead_letters] == [(3, NOT_FORWARDED)]
+
+
+def test_merge_counts_an_id_read_from_both_sources_once() -> None:
+    from_input = triage([Record(0, None, event("a")), Record(1, None, event("b"))], IdSpec())
+    from_internal = triage_forwarded(
+        [
+            Record(0, None, b"", forward_headers(None, b"b", 0, 1), 50),
+            Record(1, None, b"", forward_headers(None, b"c", 0, 2), 40),
+        ]
+    )
+    both = merge(from_input, from_internal)
+    assert both.firsts.message_ids == ["a", "b", "c"]
+    assert both.repeats == 1 and both.newest_ms == 50
+    assert merge(from_input, triage_forwarded([])) is from_input
+
+
+def test_route_splits_by_owner_against_the_reference_hash() -> None:
+    rng = random.Random(7)
+    ids = [f"id-{rng.getrandbits(40)}" for _ in range(500)]
+    firsts = triage([Record(n, None, event(i)) for n, i in enumerate(ids)], IdSpec()).firsts
+    workers, me = 3, 1
+    owners = [owner_reference(i.encode(), workers) for i in ids]
+    mine, forwards = route(firsts, owners, me)
+    assert mine.message_ids == [i for i, o in zip(ids, owners, strict=True) if o == me]
+    assert [r.offset() for r in forwards.records] == [n for n, o in enumerate(owners) if o != me]
+    assert forwards.owners == [o for o in owners if o != me]
+    assert forwards.utf8_ids == [i.encode() for i, o in zip(ids, owners, strict=True) if o != me]
+    all_mine, none = route(firsts, [me] * len(ids), me)
+    assert all_mine is firsts and len(none) == 0
+
+
+def test_spans_give_each_sources_first_and_next_offset() -> None:
+    sources = [("in", 0), ("in", 2), ("in", 0), ("own", 0), ("in", 2)]
+    offsets = [10, 4, 11, 0, 7]
+    assert source_spans(sources, offsets) == {
+        ("in", 0): (10, 12),
+        ("in", 2): (4, 8),
+        ("own", 0): (0, 1),
+    }
+
+
+def test_the_window_clock_waits_for_a_lagging_source_but_not_for_an_idle_one() -> None:
+    clock = WindowClock()
+    clock.read(("in", 0), 1000)
+    assert clock.advance() == 1000, "one source: its newest timestamp"
+    clock.read(("in", 2), 200)  # a new partition read from its start
+    assert clock.advance() == 1000, "never goes back"
+    clock.read(("in", 0), 5000)
+    assert clock.advance() == 1000, "held back by the lagging source"
+    clock.read(("in", 2), 3000)
+    assert clock.advance() == 3000
+    clock.at_end(("in", 2))  # caught up, nothing more for now
+    assert clock.advance() == 5000, "an idle source does not hold the clock"
+    clock.read(("in", 2), 4000)  # it gets records again
+    clock.read(("in", 0), 9000)
+    assert clock.advance() == 5000 and clock.now_ms == 5000
+    clock.at_end(("in", 0))
+    clock.at_end(("in", 2))
+    assert clock.advance() == 9000, "all at their end: the newest read"

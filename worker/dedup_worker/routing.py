@@ -1,0 +1,218 @@
+"""Where each record of a batch goes under ownership, and what a worker reads (pure).
+
+Under ownership (`dedup_worker.ownership`) worker `w` of `W` publishes only the ids it
+owns, to output partition `w`. It reads:
+
+* every input partition `i` with ``i % W == w`` (the input may have any number of
+  partitions, and may grow: new ones are found by polling the metadata);
+* every partition `q` of the pipeline's internal topic with ``q % W == w``.
+
+A record whose id another worker owns is *forwarded*: produced, in the same transaction
+as the batch's output, dead letters and source offsets, to partition ``owner`` of the
+internal topic, with its key, value, headers and timestamp kept and two headers appended
+last: `FORWARD_ID` (the id, so the owner parses no value) and `FORWARD_ORIGIN` (the input
+partition and offset, ``b"<partition>:<offset>"``, for the audit). The owner strips
+exactly those two before publishing, so an output record is byte for byte the same
+whether or not it was forwarded.
+
+The window's clock over several sources is `WindowClock`: the minimum, over the sources
+still being read, of the newest timestamp read from each. A lagging source (a new
+partition read from its start, a backlog, a stalled internal partition) holds the clock
+back, so its ids never expire early; a source at its end does not (watermark idleness,
+as Flink does). Holding the clock back keeps ids longer, never shorter: each id is
+stored at least at its batch's newest timestamp.
+
+Nothing here talks to Kafka; the shell (`loop.py`) hands in plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import eq, ne
+from typing import Final
+
+from dedup_worker.batch import DeadLetter, Firsts, Headers, InputRecord, Triage
+from dedup_worker.ids import ID_HEADER, MAX_ID_BYTES, id_key
+
+FORWARD_ID: Final = ID_HEADER
+FORWARD_ORIGIN: Final = "dedup.origin"
+FORWARD_HEADERS: Final = 2  # how many headers forwarding appends, last
+NOT_FORWARDED: Final = "not_forwarded"
+"""Dead-letter reason of a record on the internal topic without forwarding headers:
+something other than a worker wrote it."""
+
+Source = tuple[str, int]
+"""A (topic, partition) a worker reads."""
+
+
+def sources_of(worker: int, workers: int, partitions: int) -> list[int]:
+    """The partitions, of a topic with `partitions` partitions, that `worker` of
+    `workers` reads: those equal to it modulo `workers`."""
+    if not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} is not one of {workers}")
+    return list(range(worker, partitions, workers))
+
+
+def forward_headers(
+    headers: Headers | None, utf8_id: bytes, partition: int, offset: int
+) -> Headers:
+    """A forwarded record's headers: its own, then the id and where it was read."""
+    return [
+        *(headers or ()),
+        (FORWARD_ID, utf8_id),
+        (FORWARD_ORIGIN, b"%d:%d" % (partition, offset)),
+    ]
+
+
+def without_forwarding(headers: Headers) -> Headers:
+    """The headers a forwarded record had before it was forwarded."""
+    return headers[:-FORWARD_HEADERS]
+
+
+def forwarded_id(headers: Headers | None) -> bytes | None:
+    """The id a forwarded record carries, or None if it carries none (its last two
+    headers are not the forwarding headers with a valid id)."""
+    if headers is None or len(headers) < FORWARD_HEADERS:
+        return None
+    (id_name, utf8_id), (origin_name, _) = headers[-2], headers[-1]
+    if id_name != FORWARD_ID or origin_name != FORWARD_ORIGIN or not utf8_id:
+        return None
+    if len(utf8_id) > MAX_ID_BYTES:
+        return None
+    return utf8_id
+
+
+def triage_forwarded(records: Sequence[InputRecord]) -> Triage:
+    """`batch.triage` for records read from the internal topic: the id is the
+    forwarding header's, no value is parsed. A record without one is a dead letter."""
+    firsts = Firsts([], [], [], [])
+    dead: list[DeadLetter] = []
+    seen: set[bytes] = set()
+    repeats = 0
+    newest_ms = 0
+    for record in records:
+        newest_ms = max(newest_ms, record.timestamp()[1])
+        utf8_id = forwarded_id(record.headers())
+        message_id = None
+        if utf8_id is not None:
+            try:
+                message_id = utf8_id.decode()
+            except UnicodeDecodeError:
+                message_id = None
+        if message_id is None:
+            dead.append(
+                DeadLetter(
+                    record,
+                    NOT_FORWARDED,
+                    f"a record on the internal topic must end with headers {FORWARD_ID} "
+                    f"and {FORWARD_ORIGIN}; something other than a worker wrote it",
+                )
+            )
+            continue
+        key = id_key(message_id)
+        if key in seen:
+            repeats += 1
+            continue
+        seen.add(key)
+        firsts.records.append(record)
+        firsts.message_ids.append(message_id)
+        firsts.utf8_ids.append(utf8_id)  # type: ignore[arg-type]
+        firsts.keys.append(key)
+    return Triage(firsts, repeats, dead, newest_ms)
+
+
+def merge(first: Triage, then: Triage) -> Triage:
+    """Two triages of one batch as one: `then`'s ids already among `first`'s are
+    repeats."""
+    if not then.firsts and not then.dead_letters:
+        return first
+    seen = set(first.firsts.keys)
+    keep = [key not in seen for key in then.firsts.keys]
+    kept = then.firsts.where(keep)
+    a, b = first.firsts, kept
+    return Triage(
+        Firsts(
+            a.records + b.records,
+            a.message_ids + b.message_ids,
+            a.utf8_ids + b.utf8_ids,
+            a.keys + b.keys,
+        ),
+        first.repeats + then.repeats + len(keep) - len(kept),
+        first.dead_letters + then.dead_letters,
+        max(first.newest_ms, then.newest_ms),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Forwards:
+    """Records to forward, as columns: entry i of each list is about the same record."""
+
+    records: list[InputRecord]
+    utf8_ids: list[bytes]
+    owners: list[int]  # the internal topic's partition each goes to
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+NO_FORWARDS: Final = Forwards([], [], [])
+
+
+def route(firsts: Firsts, owners: Sequence[int], me: int) -> tuple[Firsts, Forwards]:
+    """The first occurrences this worker owns (to publish, if new to its window) and
+    those it forwards to their owners."""
+    if len(owners) != len(firsts):
+        raise ValueError(f"{len(firsts)} candidates but {len(owners)} owners")
+    mine = list(map(eq, owners, [me] * len(owners)))
+    if all(mine):  # the common case: producers keyed by id
+        return firsts, NO_FORWARDS
+    others = list(map(ne, owners, [me] * len(owners)))
+    return firsts.where(mine), Forwards(
+        list(compress(firsts.records, others)),
+        list(compress(firsts.utf8_ids, others)),
+        list(compress(owners, others)),
+    )
+
+
+def source_spans(
+    sources: Sequence[Source], offsets: Sequence[int]
+) -> dict[Source, tuple[int, int]]:
+    """For each source of a batch (records in consumption order: each source's offsets
+    increase), its first offset and the next offset to read after the batch."""
+    last = dict(zip(sources, offsets, strict=True))
+    first = dict(zip(reversed(sources), reversed(offsets), strict=True))
+    return {source: (first[source], last[source] + 1) for source in last}
+
+
+class WindowClock:
+    """The window's clock: the minimum, over the sources still being read, of the
+    newest timestamp read from each; a source at its end does not count; never
+    goes back. With one source it is the newest timestamp read, as before."""
+
+    def __init__(self) -> None:
+        self._newest: dict[Source, int] = {}
+        self._at_end: set[Source] = set()
+        self._now_ms = 0
+
+    def read(self, source: Source, newest_ms: int) -> None:
+        """Records up to `newest_ms` were read from `source`."""
+        if newest_ms > self._newest.get(source, 0):
+            self._newest[source] = newest_ms
+        self._at_end.discard(source)
+
+    def at_end(self, source: Source) -> None:
+        """`source` has nothing more to read for now."""
+        self._at_end.add(source)
+
+    def advance(self) -> int:
+        """The clock after what was read; it never goes back."""
+        active = [ms for source, ms in self._newest.items() if source not in self._at_end]
+        candidate = min(active) if active else max(self._newest.values(), default=0)
+        self._now_ms = max(self._now_ms, candidate)
+        return self._now_ms
+
+    @property
+    def now_ms(self) -> int:
+        return self._now_ms
