@@ -221,3 +221,51 @@ def test_a_store_of_another_ownership_generation_is_refused_with_one_line(
     errors = [line for line in log.read_text().splitlines() if error_line(line)]
     assert len(errors) == 1 and "ownership generation workers=2" in errors[0], errors
     assert "Traceback" not in log.read_text()
+
+
+def test_a_forwarder_killed_mid_transaction_holds_forwarded_records_until_replaced(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """The stall bound. read_committed stops at the oldest open transaction of any
+    forwarder: worker 1 SIGKILLed with forwarded records in an open transaction holds
+    back what worker 2 forwards to worker 0 afterwards, until worker 1's replacement
+    calls init_transactions (or transaction.timeout.ms passes). The metric shows the
+    stall while it lasts; the output is exact after it."""
+    pipe = Pipeline(kafka, tmp_path, inputs=3, workers=3)
+    ids = [f"stall-{i}" for i in range(600)]
+    placement = pipe.placement(ids)
+    to_zero = [i for i in ids if placement[i] == 0]
+    first, later = to_zero[: len(to_zero) // 2], to_zero[len(to_zero) // 2 :]
+    pipe.start(0)
+    pipe.start(2)
+    pipe.start(1, env={"DEDUP_TEST_FAULTS": "before-commit=1"})  # dies with its txn open
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, 1) for i in first))
+    assert pipe.procs[1].wait(timeout=120) == -signal.SIGKILL
+    killed_at = time.monotonic()
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, 2) for i in later))
+    group = pipe.config(0).group
+    deadline = time.monotonic() + 60
+    while local_kafka.committed_offsets(pipe.bootstrap, group, pipe.input_topic, [2])[0] < len(
+        later
+    ):
+        assert time.monotonic() < deadline, "worker 2 did not forward in time"
+        time.sleep(0.2)
+    time.sleep(max(0.0, 10 - (time.monotonic() - killed_at)))
+    published = {output_id(m) for m in pipe.output()}
+    assert not published & set(later), "held back behind worker 1's open transaction"
+    stalled = pipe.metric(0, "dedup_forwarded_stalled_seconds")
+    assert stalled >= 5, stalled
+    restarted_at = time.monotonic()
+    pipe.start(1)
+    pipe.wait_settled(set(ids) & set(to_zero), timeout_s=120)
+    released_after = time.monotonic() - restarted_at
+    print(
+        f"forwarded records held {restarted_at - killed_at:.1f} s behind the killed "
+        f"forwarder's transaction (metric: {stalled:.1f} s); released {released_after:.1f} s "
+        "after its replacement started"
+    )
+    time.sleep(2)
+    out = pipe.output()
+    assert Counter(output_id(m) for m in out) == Counter(to_zero)
+    assert pipe.metric(0, "dedup_forwarded_stalled_seconds") == 0
+    pipe.stop_all()

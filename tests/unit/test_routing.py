@@ -15,6 +15,7 @@ from dedup_worker.routing import (
     FORWARD_ID,
     FORWARD_ORIGIN,
     NOT_FORWARDED,
+    OpenTransactionAge,
     WindowClock,
     forward_headers,
     forwarded_id,
@@ -126,3 +127,21 @@ def test_the_window_clock_waits_for_a_lagging_source_but_not_for_an_idle_one() -
     clock.at_end(("in", 0))
     clock.at_end(("in", 2))
     assert clock.advance() == 9000, "all at their end: the newest read"
+
+
+def test_an_open_transaction_is_as_old_as_the_stable_offset_has_stood_below_the_end() -> None:
+    age = OpenTransactionAge()
+    age.observe(0, high=10, stable=10, now=100.0)
+    assert age.seconds(100.0) == 0, "all committed"
+    age.observe(0, high=14, stable=10, now=101.0)  # a forwarder's transaction opens
+    age.observe(0, high=20, stable=10, now=105.0)  # more behind it, the LSO stays
+    assert age.seconds(106.0) == 5.0
+    age.observe(1, high=3, stable=1, now=106.0)
+    assert age.seconds(107.0) == 6.0, "the oldest"
+    age.observe(0, high=20, stable=16, now=108.0)  # it ended; the next one is open
+    assert age.seconds(108.0) == 2.0, "partition 1's, since 106"
+    age.observe(1, high=3, stable=3, now=109.0)
+    age.observe(0, high=21, stable=21, now=109.0)
+    assert age.seconds(110.0) == 0
+    age.observe(0, high=5, stable=-1, now=111.0)  # not known yet
+    assert age.seconds(112.0) == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ from dedup_worker.ids import ID_HEADER
 from dedup_worker.lease import Hold, WorkerState, next_state
 from dedup_worker.metrics import Health, WorkerMetrics
 from dedup_worker.recovery import catch_up
-from dedup_worker.routing import NO_FORWARDS, Forwards, Source, WindowClock
+from dedup_worker.routing import NO_FORWARDS, Forwards, OpenTransactionAge, Source, WindowClock
 from dedup_worker.store import Store
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class DedupWorker:
         # what this worker reads: (topic, partition); one input partition without ownership
         self._sources: list[Source] = []
         self._discovered_at = 0.0  # monotonic time the input's partitions were last looked up
+        self._open_transaction = OpenTransactionAge()  # on the internal partitions read
         self._in_flight: _Batch | None = None
         self._commit_result: Future[bool] | None = None
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
@@ -954,6 +956,27 @@ class DedupWorker:
             self._disk_measured = now
             self.metrics.store_bytes.set(self.store.disk_bytes())
 
+    def _on_consumer_statistics(self, report: str) -> None:
+        """The consumer's statistics (stats_cb, every second): its connections' states
+        for the log levels, and each internal partition's high watermark and last stable
+        offset for the age of the oldest open forwarder transaction."""
+        self._consumer_log.statistics(report)
+        owned_topic = self.config.owned_topic
+        if owned_topic is None:
+            return
+        try:
+            partitions = json.loads(report)["topics"][owned_topic]["partitions"]
+            now = time.monotonic()
+            for number, stats in partitions.items():
+                partition = int(number)
+                if partition >= 0:  # -1 is librdkafka's unassigned-messages entry
+                    self._open_transaction.observe(
+                        partition, int(stats["hi_offset"]), int(stats["ls_offset"]), now
+                    )
+        except (ValueError, KeyError, TypeError):
+            return
+        self.metrics.forwarded_stalled.set(self._open_transaction.seconds(now))
+
     def _producer_settings(self) -> dict[str, object]:
         cfg = self.config
         return {
@@ -979,7 +1002,7 @@ class DedupWorker:
             "logger": self._consumer_log,
             "error_cb": self._consumer_log.error,
             # The consumer is polled all the time: its reports say when a broker is up.
-            "stats_cb": self._consumer_log.statistics,
+            "stats_cb": self._on_consumer_statistics,
             "statistics.interval.ms": STATISTICS_INTERVAL_MS,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

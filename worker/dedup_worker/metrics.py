@@ -46,6 +46,13 @@ class WorkerMetrics:
             "dedup_records_received",
             "Records read from the internal topic: forwarded to this worker by others",
         ).labels(**labels)
+        self.forwarded_stalled = gauge(
+            "dedup_forwarded_stalled_seconds",
+            "Age of the oldest open transaction holding forwarded records back on the "
+            "internal partitions this worker reads (0: none). A forwarder killed "
+            "mid-transaction holds them until its replacement starts or "
+            "transaction.timeout.ms",
+        ).labels(**labels)
         self.forwarded_lag = gauge(
             "dedup_forwarded_lag",
             "Records forwarded to this worker not read yet (internal topic, read_committed)",

@@ -186,6 +186,35 @@ def source_spans(
     return {source: (first[source], last[source] + 1) for source in last}
 
 
+class OpenTransactionAge:
+    """How long forwarded records have been held back by an open transaction on the
+    internal partitions a worker reads.
+
+    `read_committed` stops at a partition's last stable offset (LSO): the start of its
+    oldest open transaction, whichever forwarder it belongs to. While the LSO stays below
+    the high watermark and does not move, that transaction is still open; its age is how
+    long the LSO has stood there. A forwarder SIGKILLed mid-transaction holds every
+    forwarder's records back until its replacement calls `init_transactions` (which aborts
+    it) or the broker aborts it after `transaction.timeout.ms`.
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[int, tuple[int, float]] = {}  # partition -> (LSO, since when)
+
+    def observe(self, partition: int, high: int, stable: int, now: float) -> None:
+        """The partition's high watermark and last stable offset at `now` (seconds)."""
+        if high <= stable or stable < 0:
+            self._since.pop(partition, None)
+            return
+        held = self._since.get(partition)
+        if held is None or held[0] != stable:
+            self._since[partition] = (stable, now)
+
+    def seconds(self, now: float) -> float:
+        """The age of the oldest transaction holding forwarded records back (0: none)."""
+        return max((now - since for _, since in self._since.values()), default=0.0)
+
+
 class WindowClock:
     """The window's clock: the minimum, over the sources still being read, of the
     newest timestamp read from each; a source at its end does not count; never
