@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from dedup_local import kafka as local_kafka
 from dedup_local.pod_health import error_line
 from dedup_worker.ids import ID_HEADER
-from dedup_worker.routing import FORWARD_ORIGIN
+from dedup_worker.routing import FORWARD_ORIGIN, forward_headers
 from support.ownership_pipeline import (
     WORKERS,
     Pipeline,
@@ -64,6 +64,21 @@ def test_round_robin_producer_every_id_once_across_the_output(kafka: Any, tmp_pa
     origins = [dict(m.headers() or [])[FORWARD_ORIGIN] for m in internal]
     assert len(origins) == len(ids) and all(re.fullmatch(rb"[01]:\d+", o) for o in origins)
     assert len(out) == len(ids)
+    # each owner deletes the forwarded records it has committed (deleteRecords)
+    group = pipe.config(0).group
+    committed = local_kafka.committed_offsets(pipe.bootstrap, group, pipe.owned_topic, [0, 1])
+    reader = Consumer({"bootstrap.servers": pipe.bootstrap, "group.id": pipe.name})
+    deadline = time.monotonic() + 30
+    while True:
+        starts = [
+            reader.get_watermark_offsets(TopicPartition(pipe.owned_topic, p), timeout=30)[0]
+            for p in (0, 1)
+        ]
+        if starts == committed:
+            break
+        assert time.monotonic() < deadline, f"log starts {starts}, committed {committed}"
+        time.sleep(1)
+    reader.close()
     pipe.stop_all()
     assert pipe.worker_log_problems() == []
 
@@ -269,3 +284,35 @@ def test_a_forwarder_killed_mid_transaction_holds_forwarded_records_until_replac
     assert Counter(output_id(m) for m in out) == Counter(to_zero)
     assert pipe.metric(0, "dedup_forwarded_stalled_seconds") == 0
     pipe.stop_all()
+
+
+def test_forwarded_records_deleted_before_their_owner_read_them_stop_it_with_one_line(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """The internal topic may not lose a record: its owner finding its committed offset
+    below the log start (records deleted unread) stops with exit 4 and one ERROR line,
+    rather than skip them as auto.offset.reset would."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    group = pipe.config(0).group
+    committer = Consumer({"bootstrap.servers": pipe.bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(pipe.owned_topic, 0, 0)], asynchronous=False)
+    committer.close()
+    writer = Producer({"bootstrap.servers": pipe.bootstrap})
+    for n in range(5):
+        writer.produce(
+            pipe.owned_topic,
+            event(f"lost-{n}", n),
+            partition=0,
+            headers=forward_headers(None, f"lost-{n}".encode(), 1, n),
+        )
+    assert writer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
+    deleted = admin.delete_records([TopicPartition(pipe.owned_topic, 0, 3)], request_timeout=30)
+    for future in deleted.values():
+        assert future.result(60).low_watermark == 3
+    proc = pipe.start(0)
+    assert proc.wait(timeout=60) == 4
+    errors = [line for line in pipe.log.read_text().splitlines() if error_line(line)]
+    assert len(errors) == 1, errors
+    assert "were deleted before it read them" in errors[0] and pipe.owned_topic in errors[0]
+    assert "Traceback" not in pipe.log.read_text()

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from dedup_local import kafka as local_kafka
@@ -133,7 +133,12 @@ class Pipeline:
             last: dict[int, int] = {}
             for m in records:
                 last[m.partition()] = max(last.get(m.partition(), -1), m.offset())
-            committed = local_kafka.committed_offsets(self.bootstrap, group, topic, sorted(last))
+            try:
+                committed = local_kafka.committed_offsets(
+                    self.bootstrap, group, topic, sorted(last)
+                )
+            except KafkaException:  # the group's coordinator moving or loading: ask again
+                return False
             if any(c <= last[p] for p, c in zip(sorted(last), committed, strict=True)):
                 return False
         return True

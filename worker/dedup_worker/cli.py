@@ -23,7 +23,7 @@ from dedup_worker.config import LeaseSettings, WorkerConfig, default_consumer_gr
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken, LeaseToken
 from dedup_worker.ids import IdSpec
 from dedup_worker.lease import Claim, LeaseTiming
-from dedup_worker.loop import DedupWorker, NoDeadLetterTopic
+from dedup_worker.loop import DedupWorker, StoppedOnInput
 from dedup_worker.metrics import Health, WorkerMetrics, serve
 from dedup_worker.store import MiB, StoreConfig, StoreError
 from dedup_worker.window import WindowPolicy, format_duration_ms, parse_duration_ms
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lease is not None:
             lease.stop_renewing()
         return EXIT_FENCED
-    except NoDeadLetterTopic as exc:
+    except StoppedOnInput as exc:
         log.error("%s", exc)
         return _released(lease, EXIT_STOPPED_ON_INPUT)
     except StoreError as exc:

@@ -42,6 +42,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from dedup_worker import batch as batch_rules
 from dedup_worker import broker_logs, faults, ownership, routing
@@ -89,6 +90,7 @@ DISK_GAUGE_EVERY_S = 10.0
 ABORT_FLUSH_S = 10.0  # before a deliberate abort: the open transaction's records delivered
 PAUSED_STEP_S = 0.05  # while paused, how often the hold is looked at again
 DISCOVER_EVERY_S = 5.0  # how often the input's partitions are looked up (ownership)
+DELETE_FORWARDED_EVERY_S = 10.0  # how often consumed forwarded records are deleted
 
 _COORDINATOR_MOVING = {
     KafkaError.NOT_COORDINATOR,
@@ -121,9 +123,20 @@ def worth_retrying(err: object) -> bool:
     return isinstance(err, KafkaError) and (err.retriable() or err.code() in _COORDINATOR_MOVING)
 
 
-class NoDeadLetterTopic(RuntimeError):
+class StoppedOnInput(RuntimeError):
+    """The worker stops rather than drop what it read (exit 4)."""
+
+
+class NoDeadLetterTopic(StoppedOnInput):
     """A record has no valid id and no dead-letter topic is configured: stopping rather
     than dropping it. The input offset is not committed, so nothing is lost."""
+
+
+class ForwardedRecordsLost(StoppedOnInput):
+    """Records forwarded to this worker were deleted from the internal topic before it
+    read them (offset out of range): they were the only copy once their forwarder
+    committed its input offset. Stopping, not skipping: the internal topic must keep
+    every record (retention.ms -1; workers delete only what they have committed)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +226,13 @@ class DedupWorker:
         self._sources: list[Source] = []
         self._discovered_at = 0.0  # monotonic time the input's partitions were last looked up
         self._open_transaction = OpenTransactionAge()  # on the internal partitions read
+        # internal partition -> the next offset our last committed transaction recorded,
+        # and up to where the records before it were deleted (asked) already
+        self._forwarded_committed: dict[int, int] = {}
+        self._forwarded_deleted: dict[int, int] = {}
+        self._deleted_at = 0.0
+        self.admin: AdminClient | None = None
+        self._admin_log = ConnectionLog()
         self._in_flight: _Batch | None = None
         self._commit_result: Future[bool] | None = None
         self._committer = ThreadPoolExecutor(1, thread_name_prefix="committer")
@@ -266,6 +286,14 @@ class DedupWorker:
             raise
         self._producer_log.request_succeeded()
         self.consumer = Consumer(self._consumer_settings())
+        if cfg.owned_topic is not None:
+            self.admin = AdminClient(
+                {
+                    "bootstrap.servers": cfg.bootstrap_servers,
+                    "logger": self._admin_log,
+                    **cfg.kafka_settings,
+                }
+            )
         rebuild_from = None
         if cfg.window.duration_ms is not None:
             rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
@@ -320,6 +348,7 @@ class DedupWorker:
     def _release(self) -> None:
         self._in_flight = self._commit_result = None
         self._committer.shutdown(wait=True)
+        self.admin = None
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
@@ -357,6 +386,7 @@ class DedupWorker:
             )
         if prepared is not None:
             self._send(prepared)
+        self._delete_consumed_forwards()
         return done
 
     # -- pause, don't die ------------------------------------------------------------
@@ -571,6 +601,12 @@ class DedupWorker:
         )
         expired = self.store.expire(now_ms)
 
+        if batch.received:
+            owned_topic = self.config.owned_topic
+            for (topic, partition), (_, next_offset) in batch.spans.items():
+                if topic == owned_topic:
+                    self._forwarded_committed[partition] = next_offset
+
         m = self.metrics
         m.records_in.inc(len(batch.records))
         m.records_out.inc(len(batch.new))
@@ -637,6 +673,50 @@ class DedupWorker:
         except KafkaException as exc:
             self._raise_if_fenced(exc, "produce (begin_transaction, produce)")
             raise
+
+    def _delete_consumed_forwards(self) -> None:
+        """Every DELETE_FORWARDED_EVERY_S, delete the records of the internal partitions
+        this worker reads below the offsets its committed transactions recorded (Kafka's
+        deleteRecords, as Kafka Streams does for repartition topics): the topic keeps
+        every record (retention.ms -1) until its owner has consumed it."""
+        now = time.monotonic()
+        if self.admin is None or now - self._deleted_at < DELETE_FORWARDED_EVERY_S:
+            return
+        self._deleted_at = now
+        self.admin.poll(0)  # serves its log lines
+        due = {
+            partition: offset
+            for partition, offset in self._forwarded_committed.items()
+            if offset > self._forwarded_deleted.get(partition, 0)
+        }
+        if not due:
+            return
+        topic = str(self.config.owned_topic)
+        asked = [TopicPartition(topic, partition, offset) for partition, offset in due.items()]
+        try:
+            futures = self.admin.delete_records(asked, request_timeout=30)
+        except KafkaException as exc:
+            log.warning("consumed forwarded records not deleted", extra={"error": str(exc)})
+            return
+        self._forwarded_deleted.update(due)
+        for tp, future in futures.items():
+            future.add_done_callback(
+                lambda done, tp=tp: self._deleted(tp.partition, tp.offset, done)  # type: ignore[misc]
+            )
+
+    def _deleted(self, partition: int, offset: int, done: Future[object]) -> None:
+        """(Admin thread.) A deleteRecords request answered; a refusal is logged and the
+        deletion asked again later (the records stay: only disk is spent)."""
+        error = done.exception()
+        if error is None:
+            return
+        if self._forwarded_deleted.get(partition) == offset:
+            self._forwarded_deleted[partition] = 0
+        log.warning(
+            "consumed forwarded records not deleted; the internal topic grows until they are "
+            "(the workers need the DeleteRecords ACL on it)",
+            extra={"partition": partition, "offset": offset, "error": str(error)},
+        )
 
     def _forward(self, forwards: Forwards) -> None:
         """Produce each record another worker owns to its owner's partition of the
@@ -826,9 +906,35 @@ class DedupWorker:
         if len(records) != len(messages):
             for msg in messages:
                 err = msg.error()
-                if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                    raise KafkaException(err)
+                if err is None or err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    self._out_of_range(msg, err)
+                    continue
+                raise KafkaException(err)
         return records
+
+    def _out_of_range(self, msg: Message, err: KafkaError) -> None:
+        """(Ownership: auto.offset.reset=error.) A source's offset is no longer in its
+        log. Forwarded records deleted unread are lost: stop. Input deleted by its
+        retention before it was read: go on from the log start, as auto.offset.reset
+        earliest does without ownership, with a warning."""
+        assert self.consumer is not None
+        topic, partition = str(msg.topic()), int(msg.partition())
+        if topic == self.config.owned_topic:
+            raise ForwardedRecordsLost(
+                f"records forwarded to this worker on {topic}[{partition}] were deleted "
+                f"before it read them ({err.str()}); they were their only copy. The "
+                "internal topic must keep every record: retention.ms -1 (the workers "
+                "delete what they have committed)"
+            )
+        low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        log.warning(
+            "input offset out of range: records deleted by retention before they were "
+            "read; going on from the log start",
+            extra={"topic": topic, "partition": partition, "log_start": low, "error": err.str()},
+        )
+        self.consumer.seek(TopicPartition(topic, partition, int(low)))
 
     def _find_sources(self) -> list[Source]:
         """What this worker reads: its input partition; under ownership, every input
@@ -1007,7 +1113,8 @@ class DedupWorker:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
+            # under ownership an offset out of range is decided per source (_out_of_range)
+            "auto.offset.reset": "earliest" if cfg.owned_topic is None else "error",
             "enable.partition.eof": True,
             "fetch.max.bytes": 52_428_800,
             "max.partition.fetch.bytes": 10_485_760,
