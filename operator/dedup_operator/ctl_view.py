@@ -53,7 +53,7 @@ COMPLETED_EVENTS: Final[dict[str, str | None]] = {
 }
 
 DASH: Final = "—"
-STATUS_SCHEMA_VERSION: Final = 2
+STATUS_SCHEMA_VERSION: Final = 3
 STEPS: Final = ("fenced", "released", "detached", "started", "ready")
 
 
@@ -67,6 +67,7 @@ class WorkerSample:
     duplicates: float
     dead_letters: float
     lag: float
+    forwarded: float = 0.0  # input records forwarded to their owner (misrouted)
 
 
 def parse_worker_metrics(text: str, at: float) -> WorkerSample:
@@ -78,6 +79,7 @@ def parse_worker_metrics(text: str, at: float) -> WorkerSample:
             "dedup_duplicates_total",
             "dedup_dead_letters_total",
             "dedup_consumer_lag",
+            "dedup_records_forwarded_total",
         ),
     )
     return WorkerSample(
@@ -87,6 +89,7 @@ def parse_worker_metrics(text: str, at: float) -> WorkerSample:
         duplicates=c["dedup_duplicates_total"],
         dead_letters=c["dedup_dead_letters_total"],
         lag=c["dedup_consumer_lag"],
+        forwarded=c["dedup_records_forwarded_total"],
     )
 
 
@@ -145,6 +148,7 @@ def partition_doc(
         "inputRate": None if rate is None else round(rate, 1),
         "recordsIn": None if sample is None else int(sample.records_in),
         "recordsOut": None if sample is None else int(sample.records_out),
+        "forwarded": None if sample is None else int(sample.forwarded),
         "lag": _int(entry.get("lag")) if sample is None else int(sample.lag),
         "duplicatesDropped": _int(entry.get("duplicates"))
         if sample is None
@@ -202,6 +206,9 @@ def pipeline_doc(
             partition_doc(entry, samples.get(p) if p is not None else None, rates.get(p or 0))
         )
     known_rates = [r for r in (d["inputRate"] for d in parts) if r is not None]
+    read = [d["recordsIn"] for d in parts]
+    forwarded = [d["forwarded"] for d in parts]
+    complete = bool(parts) and None not in read and None not in forwarded
     dead = [d["deadLetters"] for d in parts]
     return {
         "namespace": meta.get("namespace"),
@@ -214,6 +221,9 @@ def pipeline_doc(
         "duplicatesDropped": _int(status.get("duplicatesDropped")),
         "deadLetters": sum(d for d in dead if d is not None) if dead and None not in dead else None,
         "consumerLag": _int(status.get("consumerLag")),
+        # the share of the input read on a partition its id's owner does not read
+        # (forwarded through the internal topic), since the workers started
+        "misroutedShare": round(sum(forwarded) / sum(read), 4) if complete and sum(read) else None,
         "inputRate": round(sum(known_rates), 1)
         if parts and len(known_rates) == len(parts)
         else None,
@@ -354,6 +364,7 @@ def render_status(doc: Mapping[str, Any], now: datetime) -> str:
                 "DUPLICATES",
                 "DEAD LETTERS",
                 "LAG",
+                "MISROUTED",
                 "FAILOVERS",
                 "LAST AUDIT",
                 "AGE",
@@ -370,6 +381,7 @@ def render_status(doc: Mapping[str, Any], now: datetime) -> str:
                     p["duplicatesDropped"],
                     p["deadLetters"],
                     p["consumerLag"],
+                    None if p["misroutedShare"] is None else f"{p['misroutedShare']:.1%}",
                     p["failovers"],
                     audit_text(p["lastReconciliation"], now).split(":")[0]
                     if p["lastReconciliation"]

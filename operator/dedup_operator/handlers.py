@@ -10,7 +10,10 @@
   relies on an out-of-service taint it added to a node carries the operator's own
   finalizer `dedup.io/out-of-service-taints` (set by the reconcile pass before it taints,
   dropped once it relies on none): the resync pass over a deleted pipeline lifts its
-  marks and taints, then the finalizer. Otherwise owner references cascade.
+  marks and taints, then the finalizer. A pipeline whose internal topic the operator
+  created carries `dedup.io/owned-topic` (set before the topic is created): the resync
+  pass over a deleted pipeline deletes its workers, waits for their Leases to run out,
+  deletes the topic, then the finalizer. Otherwise owner references cascade.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dedup_operator import names
 from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
 from dedup_operator.reconcile import (
+    OUR_FINALIZERS,
     ReconcileSettings,
     Recorder,
     forget,
@@ -109,10 +113,10 @@ def resync_forever() -> None:
             continue
         for body in pipelines:
             meta = body["metadata"]
-            if meta.get("deletionTimestamp") and names.FINALIZER_TAINTS not in (
-                meta.get("finalizers") or []
+            if meta.get("deletionTimestamp") and not (
+                set(meta.get("finalizers") or []) & OUR_FINALIZERS
             ):
-                continue  # a deleted pipeline is finalized only for its taints
+                continue  # a deleted pipeline is finalized only for its taints and topic
             try:
                 reconcile_one(kube, meta["namespace"], meta["name"])
             except Exception as exc:  # one bad pass must not stop the loop

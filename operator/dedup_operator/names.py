@@ -2,7 +2,9 @@
 
 Per partition N of pipeline P: PVC `P-pN`, Lease `P-pN`, worker Pod `P-pN-e<epoch>`.
 Per pipeline: ServiceAccount/Role/RoleBinding `P-worker`, headless Service `P-workers`,
-PodDisruptionBudget `P-workers`.
+PodDisruptionBudget `P-workers`; in Kafka, the internal topic `<namespace>.P-owned` that
+workers forward the records they do not own through (unless `spec.kafka.ownedTopic`
+names one).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ ANNOTATION_TAINT_BY: Final = "dedup.io/out-of-service-taint-by"
 FINALIZER_RETAIN_VOLUMES: Final = "dedup.io/retain-volumes"
 # finalizer of a pipeline while it relies on an out-of-service taint it added to a node
 FINALIZER_TAINTS: Final = "dedup.io/out-of-service-taints"
+# finalizer of a pipeline whose internal topic the operator creates (set before it
+# creates it): deleting the pipeline deletes that topic, never a user-named one
+FINALIZER_OWNED_TOPIC: Final = "dedup.io/owned-topic"
 
 # the worker container
 CONTAINER: Final = "worker"
@@ -61,6 +66,13 @@ def lease(pipeline: str, partition: int) -> str:
 
 def worker_pod(pipeline: str, partition: int, epoch: int) -> str:
     return f"{pipeline}-p{partition}-e{epoch}"
+
+
+def owned_topic(namespace: str, pipeline: str) -> str:
+    """The internal topic the operator creates for a pipeline: worker w forwards a record
+    whose id it does not own to partition owner(id) of it (namespaced, so two
+    namespaces' pipelines of one name on one Kafka do not share it)."""
+    return f"{namespace}.{pipeline}-owned"
 
 
 def service_account(pipeline: str) -> str:

@@ -46,6 +46,8 @@ from dedup_operator.failover import (
     remove_out_of_service_taint,
 )
 from dedup_operator.observed import Obj, attachments_of
+from dedup_operator.ownership import STATUS_KEY as OWNERSHIP_KEY
+from dedup_operator.ownership import OwnershipState
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.status import (
     Condition,
@@ -86,6 +88,8 @@ class PipelineObservation:
     nodes: Mapping[str, NodeView]
     attachments: Sequence[Obj]  # VolumeAttachments
     topic: TopicCheck
+    # the ownership generation (dedup_operator.ownership.decide); None: as a new pipeline
+    ownership: OwnershipState | None = None
 
     def previous_partition(self, p: int) -> Mapping[str, Any]:
         for entry in self.previous.get("partitions") or []:
@@ -124,6 +128,9 @@ class Plan:
     forget: tuple[str, ...]  # tainted nodes gone or untainted by someone: off our list
     failovers: int  # status.failovers after the completions in this plan
     pod_uids: Mapping[str, str | None]  # each observed pod's uid: deletes are conditional
+    # status.ownership after this plan: as recorded, or recorded by this plan's record
+    # before it creates the first worker; None: not yet (no worker started) or off
+    ownership: Mapping[str, Any] | None = None
 
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
@@ -201,9 +208,25 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
     for p, d in decisions.items():
         action: Action | None = d.action
         if isinstance(action, CreatePod) and not _startable(obs.topic, p):
-            parts[p] = replace(parts[p], waiting_for=f"input topic ({obs.topic.reason})")
+            what = "internal topic" if obs.topic.reason.startswith("Owned") else "input topic"
+            parts[p] = replace(parts[p], waiting_for=f"{what} ({obs.topic.reason})")
             action = None
         steps.append(PartitionStep(p, d, action, _events(p, d, obs.previous_partition(p))))
+
+    state = obs.ownership
+    ownership = state.recorded if state is not None else None
+    if (
+        state is not None
+        and state.to_record is not None
+        and any(isinstance(s.action, CreatePod) for s in steps)
+    ):
+        # the generation the workers run is recorded before the first of them exists:
+        # from then on a change of spec.partitions is ReshardPending, and a pipeline
+        # with workers but no record is one that ran before ownership
+        ownership = state.to_record
+        record = {**(record or {}), OWNERSHIP_KEY: dict(ownership)}
+    elif record is not None and ownership is not None:
+        record = {**record, OWNERSHIP_KEY: dict(ownership)}  # kept with the entries
 
     lift, forget = [], []
     for node_name in tainted:
@@ -226,6 +249,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         forget=tuple(forget),
         failovers=failovers,
         pod_uids={v.name: v.uid for views in obs.pods.values() for v in views},
+        ownership=ownership,
     )
 
 
@@ -264,8 +288,12 @@ def _decide_partitions(
 
 
 def _startable(topic: TopicCheck, p: int) -> bool:
-    if topic.reason == "TopicMissing":
+    """May partition p's worker start? Not without the input topic, or under ownership
+    without a usable internal topic; without ownership, only for an input partition p."""
+    if topic.blocks or topic.reason == "TopicMissing":
         return False
+    if topic.ownership:
+        return True
     return topic.partitions is None or p < topic.partitions
 
 
@@ -422,6 +450,8 @@ def pipeline_status(
     conditions = summary_conditions(
         entries, spec.partitions, topic_condition, degraded, spec_current
     )
+    if obs.ownership is not None and obs.ownership.condition is not None:
+        conditions.append(obs.ownership.condition)  # ReshardPending, OwnershipOff
     if audit_condition is not None:
         conditions.append(audit_condition)
     status: dict[str, Any] = {
@@ -439,6 +469,8 @@ def pipeline_status(
         ),
         "partitions": [e.to_status() for e in entries],
     }
+    if plan.ownership is not None:
+        status[OWNERSHIP_KEY] = dict(plan.ownership)
     if last_audit:
         status["lastReconciliation"] = dict(last_audit)
     return status

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from dedup_operator import audit_result, metrics, names
+from dedup_operator import audit_result, metrics, names, ownership
 from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired import partition as desired_partition
 from dedup_operator.desired.owner import Owner
@@ -52,6 +52,8 @@ from dedup_operator.kube import (
     Conflict,
     Kube,
     NotLeader,
+    create_topic,
+    delete_topic,
     parse_kafka_settings,
     read_topics,
     scrape,
@@ -74,7 +76,13 @@ from dedup_operator.plan import (
 )
 from dedup_operator.spec import PipelineSpec, SpecError, quantity
 from dedup_operator.status import Condition, merge_conditions
-from dedup_operator.topics import TopicCheck, check_topics
+from dedup_operator.topics import (
+    OwnedTopicSettings,
+    TopicCheck,
+    TopicFacts,
+    check_topics,
+    owned_topic_settings,
+)
 from dedup_worker import faults
 from dedup_worker.lease_clock import ContinuousView, LeaseClock
 
@@ -159,7 +167,7 @@ def reconcile(
         if body is None:
             return None
         if body["metadata"].get("deletionTimestamp"):
-            if names.FINALIZER_TAINTS in (body["metadata"].get("finalizers") or []):
+            if set(body["metadata"].get("finalizers") or []) & OUR_FINALIZERS:
                 finalize(kube, body, recorder(body))
             return None
         if memory.uid != body["metadata"]["uid"]:  # a new pipeline of the same name
@@ -202,21 +210,80 @@ def watch_leases(kube: Kube, namespace: str, name: str) -> None:
         node_view(node, heartbeats.get(node["metadata"]["name"]), _lease_clock, None, watched_for)
 
 
+# the finalizers the reconcile pass over a deleted pipeline removes (kopf's
+# FINALIZER_RETAIN_VOLUMES is kopf's own)
+OUR_FINALIZERS = frozenset({names.FINALIZER_TAINTS, names.FINALIZER_OWNED_TOPIC})
+
+
 def finalize(kube: Kube, body: Mapping[str, Any], record: Recorder) -> None:
     """A deleted pipeline lifts its marks from the out-of-service taints it relies on
-    (and each taint with its last mark), then lets itself go (its finalizer)."""
+    (and each taint with its last mark), and deletes the internal topic the operator
+    created for it once no worker can still write to it; then lets itself go (each
+    finalizer once its part is done)."""
     meta = body["metadata"]
-    us = taint_mark(meta["namespace"], meta["name"])
-    listed = set((body.get("status") or {}).get("taintedNodes") or [])
-    for node_name in sorted(listed | set(kube.nodes_marked_by(us))):
-        if kube.release_out_of_service(node_name, us):
-            record(
-                "Normal",
-                "NodeBackInService",
-                f"removed the out-of-service taint from {node_name} (pipeline deleted)",
-            )
-    kube.set_finalizer(meta["namespace"], meta["name"], names.FINALIZER_TAINTS, present=False)
-    forget(meta["namespace"], meta["name"])
+    namespace, name = meta["namespace"], meta["name"]
+    finalizers = set(meta.get("finalizers") or [])
+    if names.FINALIZER_TAINTS in finalizers:
+        us = taint_mark(namespace, name)
+        listed = set((body.get("status") or {}).get("taintedNodes") or [])
+        for node_name in sorted(listed | set(kube.nodes_marked_by(us))):
+            if kube.release_out_of_service(node_name, us):
+                record(
+                    "Normal",
+                    "NodeBackInService",
+                    f"removed the out-of-service taint from {node_name} (pipeline deleted)",
+                )
+        kube.set_finalizer(namespace, name, names.FINALIZER_TAINTS, present=False)
+    if names.FINALIZER_OWNED_TOPIC in finalizers:
+        if not _delete_owned_topic(kube, body, record):
+            return  # the next pass tries again
+        kube.set_finalizer(namespace, name, names.FINALIZER_OWNED_TOPIC, present=False)
+    forget(namespace, name)
+
+
+def _delete_owned_topic(kube: Kube, body: Mapping[str, Any], record: Recorder) -> bool:
+    """Delete the internal topic the operator created (`names.owned_topic`: the
+    finalizer is set only for that name, never for a `kafka.ownedTopic` of the user's).
+    First the workers go (deleted gracefully) and every partition Lease must have run out
+    on the operator's clock: a worker still producing to a deleted topic could have it
+    auto-created again with the broker's defaults. True once the topic is gone."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    for pod in kube.pods(namespace, name):
+        pod_meta = pod["metadata"]
+        if not pod_meta.get("deletionTimestamp"):
+            kube.delete_pod(namespace, pod_meta["name"], False, pod_meta.get("uid"))
+    held = [
+        lease_name
+        for lease_name, lease in kube.leases(namespace, name).items()
+        if not lease_view(lease, _lease_clock).expired()
+    ]
+    if held:
+        log.info(
+            "%s/%s deleted: waiting for the Leases %s to run out before deleting its "
+            "internal topic",
+            namespace,
+            name,
+            ", ".join(sorted(held)),
+        )
+        return False
+    try:
+        spec = PipelineSpec.parse(name, namespace, body["spec"])
+    except SpecError as exc:  # cannot happen for a spec the topic was created from
+        log.error("%s/%s: cannot delete its internal topic: %s", namespace, name, exc)
+        return False
+    topic = names.owned_topic(namespace, name)
+    settings = _kafka_settings(kube, spec)
+    if isinstance(settings, TopicCheck):
+        log.error("%s/%s: cannot delete internal topic %s: %s", namespace, name, topic,
+                  settings.message)  # fmt: skip
+        return False
+    error = delete_topic(spec.kafka.bootstrap_servers, settings, topic)
+    if error is not None:
+        log.error("%s/%s: cannot delete internal topic %s: %s", namespace, name, topic, error)
+        return False
+    record("Normal", "OwnedTopicDeleted", f"deleted internal topic {topic} (pipeline deleted)")
+    return True
 
 
 def _lost_node_pods(
@@ -265,19 +332,36 @@ def _reconcile(
     generation = int(meta.get("generation") or 1)
     now = datetime.now(UTC)
     try:
-        spec = PipelineSpec.parse(name, namespace, body["spec"])
+        asked = PipelineSpec.parse(name, namespace, body["spec"])
     except SpecError as exc:
         return _invalid(kube, body, record, str(exc), generation, now)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    state = ownership.decide(asked, previous)
+    spec = state.spec  # as the workers run it: partitions = the recorded worker count
+    _tell_ownership(state, previous, record)
     owner = Owner(name, namespace, meta["uid"])
     claims = _ensure_objects(kube, spec, owner, generation, record, settings, memory)
-    obs = _observe(kube, spec, body, claims, record, settings, memory)
+    # `version`: the pipeline's resourceVersion after the pass's own writes (each moves it on)
+    topic, version = _topic(kube, spec, meta, record, memory, settings)
+    obs = _observe(kube, spec, body, claims, topic, state, record)
     the_plan = plan_pass(obs, now)
     memory.next_pass_in = the_plan.next_pass_in(now)
-    # `version`: the pipeline's resourceVersion after the pass's own writes (each moves it on)
-    version, tainted = _act(kube, spec, meta, the_plan, record)
+    version, tainted = _act(kube, spec, meta, version, the_plan, record)
     return _report(
         kube, spec, owner, obs, the_plan, tainted, version, record, settings, memory, now
     )
+
+
+def _tell_ownership(
+    state: ownership.OwnershipState, previous: Mapping[str, Any], record: Recorder
+) -> None:
+    """A Warning Event when ReshardPending or OwnershipOff appears (or its reason changes)."""
+    c = state.condition
+    if c is None:
+        return
+    was = next((x for x in previous.get("conditions") or [] if x.get("type") == c.type), None)
+    if was is None or was.get("reason") != c.reason or was.get("status") != "True":
+        record("Warning", c.type, c.message)
 
 
 def _ensure_objects(
@@ -322,16 +406,15 @@ def _observe(
     spec: PipelineSpec,
     body: Mapping[str, Any],
     claims: Mapping[str, Any],
+    topic: TopicCheck,
+    state: ownership.OwnershipState,
     record: Recorder,
-    settings: ReconcileSettings,
-    memory: _Memory,
 ) -> PipelineObservation:
-    """Everything the pass decides on, read once: the input topic (cached for
-    topic_check_s), pods, Leases, nodes with their heartbeats, VolumeAttachments; and
-    for a lost node this pipeline may taint, the pods the taint would evict."""
+    """Everything the pass decides on, read once: the topics' check (`_topic`), pods,
+    Leases, nodes with their heartbeats, VolumeAttachments; and for a lost node this
+    pipeline may taint, the pods the taint would evict."""
     namespace, name = spec.namespace, spec.name
     previous: Mapping[str, Any] = body.get("status") or {}
-    topic = _topic(kube, spec, memory, settings)
     was = next((c for c in previous.get("conditions") or [] if c.get("type") == "TopicReady"), None)
     if not topic.ok and (was is None or was.get("reason") != topic.reason):
         # TopicReady failing: no promise can be kept until it is fixed, an ERROR line
@@ -387,6 +470,7 @@ def _observe(
         nodes=nodes,
         attachments=kube.volume_attachments(),
         topic=topic,
+        ownership=state,
     )
 
 
@@ -394,16 +478,17 @@ def _act(
     kube: Kube,
     spec: PipelineSpec,
     meta: Mapping[str, Any],
+    version: str | None,
     the_plan: Plan,
     record: Recorder,
 ) -> tuple[str | None, list[str]]:
-    """Carry out the plan: the taint finalizer and the plan's record persisted first,
-    then each partition's action with its Events, the taints joined, and our taints
-    lifted from nodes that are back. Returns the pipeline's resourceVersion after the
-    pass's own writes and status.taintedNodes as it now stands."""
+    """Carry out the plan: the taint finalizer and the plan's record (with
+    status.ownership before the first worker) persisted first, then each partition's
+    action with its Events, the taints joined, and our taints lifted from nodes that are
+    back. `version`: the pipeline's resourceVersion after the pass's writes so far.
+    Returns it after the pass's own writes and status.taintedNodes as it now stands."""
     namespace, name = spec.namespace, spec.name
     us = taint_mark(namespace, name)
-    version: str | None = meta.get("resourceVersion")
     tainted = list(the_plan.tainted)
     if the_plan.set_finalizer:
         # the finalizer first: a pipeline deleted from now on lifts its marks
@@ -577,9 +662,34 @@ def _invalid(
     return {**status, "_result": "invalid_spec"}
 
 
+def _kafka_settings(kube: Kube, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
+    """The operator's librdkafka settings for the pipeline's Kafka (the spec's, then the
+    Secret's), or SecretMissing."""
+    kafka_settings = dict(spec.kafka.config)
+    ref = spec.kafka.security_ref
+    if ref is not None:
+        secret = kube.secret_value(spec.namespace, ref.secret_name, ref.key)
+        if secret is None:
+            return TopicCheck(
+                False, "SecretMissing", f"Secret {ref.secret_name} (key {ref.key}) not found"
+            )
+        kafka_settings.update(parse_kafka_settings(secret))
+    return kafka_settings
+
+
 def _topic(
-    kube: Kube, spec: PipelineSpec, memory: _Memory, settings: ReconcileSettings
-) -> TopicCheck:
+    kube: Kube,
+    spec: PipelineSpec,
+    meta: Mapping[str, Any],
+    record: Recorder,
+    memory: _Memory,
+    settings: ReconcileSettings,
+) -> tuple[TopicCheck, str | None]:
+    """The topics' check (cached for topic_check_s), after creating the internal topic
+    when the pipeline's workers own ids, the operator names the topic and it does not
+    exist yet: the finalizer that deletes it with the pipeline goes on first. Returns the
+    check and the pipeline's resourceVersion after this pass's writes."""
+    version: str | None = meta.get("resourceVersion")
     key = (
         spec.kafka.bootstrap_servers,
         spec.kafka.input_topic,
@@ -588,6 +698,8 @@ def _topic(
         spec.partitions,
         spec.kafka.config,
         spec.kafka.security_ref,
+        spec.ownership,
+        spec.kafka.owned_topic,
     )
     cached = memory.topic
     if (
@@ -595,31 +707,80 @@ def _topic(
         and cached[0] == key
         and time.monotonic() - cached[1] < settings.topic_check_s
     ):
-        return cached[2]
-    kafka_settings = dict(spec.kafka.config)
-    ref = spec.kafka.security_ref
-    if ref is not None:
-        secret = kube.secret_value(spec.namespace, ref.secret_name, ref.key)
-        if secret is None:
-            check = TopicCheck(
-                False, "SecretMissing", f"Secret {ref.secret_name} (key {ref.key}) not found"
-            )
-            memory.topic = (key, time.monotonic(), check)
-            return check
-        kafka_settings.update(parse_kafka_settings(secret))
-    facts = read_topics(
-        spec.kafka.bootstrap_servers,
-        kafka_settings,
-        spec.kafka.input_topic,
-        spec.kafka.output_topic,
-    )
+        return cached[2], version
+    kafka_settings = _kafka_settings(kube, spec)
+    if isinstance(kafka_settings, TopicCheck):
+        memory.topic = (key, time.monotonic(), kafka_settings)
+        return kafka_settings, version
+
+    def read() -> TopicFacts | TopicCheck:
+        return read_topics(
+            spec.kafka.bootstrap_servers,
+            kafka_settings,
+            spec.kafka.input_topic,
+            spec.kafka.output_topic,
+            owned_topic=spec.owned_topic if spec.ownership else None,
+            owned_user_named=spec.kafka.owned_topic is not None,
+        )
+
+    facts = read()
+    if (
+        isinstance(facts, TopicFacts)
+        and spec.creates_owned_topic
+        and facts.owned_partitions is None
+    ):
+        wanted = owned_topic_settings(facts, spec.workers)
+        if isinstance(wanted, OwnedTopicSettings):
+            if names.FINALIZER_OWNED_TOPIC not in (meta.get("finalizers") or []):
+                # before the topic exists: a pipeline deleted from now on deletes it
+                version = kube.set_finalizer(
+                    spec.namespace,
+                    spec.name,
+                    names.FINALIZER_OWNED_TOPIC,
+                    present=True,
+                    resource_version=version,
+                )
+            facts = _create_owned_topic(spec, kafka_settings, wanted, record, read)
+        elif facts.input_partitions is not None and facts.output_partitions is not None:
+            facts = replace(facts, owned_why=f"not created: {wanted}")
     check = (
         facts
         if isinstance(facts, TopicCheck)
-        else check_topics(facts, spec.partitions, spec.window.duration_ms)
+        else check_topics(facts, spec.partitions, spec.window.duration_ms, ownership=spec.ownership)
     )
     memory.topic = (key, time.monotonic(), check)
-    return check
+    return check, version
+
+
+def _create_owned_topic(
+    spec: PipelineSpec,
+    kafka_settings: Mapping[str, str],
+    wanted: OwnedTopicSettings,
+    record: Recorder,
+    read: Callable[[], TopicFacts | TopicCheck],
+) -> TopicFacts | TopicCheck:
+    """Create the internal topic and read the topics again (until its metadata shows,
+    a few seconds at most)."""
+    error = create_topic(spec.kafka.bootstrap_servers, kafka_settings, wanted)
+    if error is not None:
+        facts = read()
+        if isinstance(facts, TopicFacts) and facts.owned_partitions is None:
+            facts = replace(facts, owned_why=f"creating it failed: {error}")
+        return facts
+    configs = ", ".join(f"{k}={v}" for k, v in wanted.config.items())
+    record(
+        "Normal",
+        "OwnedTopicCreated",
+        f"created internal topic {wanted.name}: {wanted.partitions} partitions (one per "
+        f"worker), replication factor {wanted.replication}, {configs}",
+    )
+    facts = read()
+    for _ in range(10):
+        if not isinstance(facts, TopicFacts) or facts.owned_partitions is not None:
+            break
+        time.sleep(0.5)
+        facts = read()
+    return facts
 
 
 def _schedule_audit(kube: Kube, spec: PipelineSpec, owner: Owner, cleanup: bool) -> None:

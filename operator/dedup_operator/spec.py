@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
+from dedup_operator import names
 from dedup_operator.failover import FailoverPolicy, ReleaseVolume
 from dedup_worker.config import default_consumer_group
 from dedup_worker.ids import ID_SOURCES, IdSource
@@ -90,6 +91,9 @@ class KafkaSpec:
     # librdkafka settings without credentials, in the order given
     config: tuple[tuple[str, str], ...] = ()
     security_ref: SecretRef | None = None
+    # the internal topic, named by the user (it must exist; the operator never creates
+    # or deletes it); None: the operator's own `names.owned_topic`
+    owned_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,28 @@ class PipelineSpec:
     storage: StorageSpec = field(default_factory=StorageSpec)
     failover: FailoverSpec = field(default_factory=FailoverSpec)
     reconciliation: ReconciliationSpec | None = None
+    # Not a spec field: whether the workers own ids (`owner(id) % workers`, misrouted
+    # records forwarded through the internal topic). False only for a pipeline that ran
+    # before ownership existed (dedup_operator.ownership decides, from the status): its
+    # workers are rendered as before. Under ownership `partitions` is the recorded
+    # worker count (status.ownership.workers), not necessarily spec.partitions.
+    ownership: bool = True
+
+    @property
+    def workers(self) -> int:
+        """The number of workers (one per partition index 0..workers-1)."""
+        return self.partitions
+
+    @property
+    def owned_topic(self) -> str:
+        """The internal topic: the user's `kafka.ownedTopic`, else the operator's own."""
+        return self.kafka.owned_topic or names.owned_topic(self.namespace, self.name)
+
+    @property
+    def creates_owned_topic(self) -> bool:
+        """Whether the operator creates (and deletes with the pipeline) the internal topic:
+        under ownership, when the user did not name one."""
+        return self.ownership and self.kafka.owned_topic is None
 
     @classmethod
     def parse(cls, name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
@@ -233,9 +259,18 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
             if ref
             else None
         ),
+        owned_topic=str(k["ownedTopic"]) if k.get("ownedTopic") else None,
     )
     if kafka.output_topic == kafka.input_topic:
         raise SpecError("kafka.outputTopic must differ from kafka.inputTopic")
+    if kafka.owned_topic is not None and kafka.owned_topic in (
+        kafka.input_topic,
+        kafka.output_topic,
+        kafka.dead_letter_topic,
+    ):
+        raise SpecError(
+            "kafka.ownedTopic must differ from kafka.inputTopic, outputTopic and deadLetterTopic"
+        )
 
     m = spec["messageId"]
     source = str(m["source"])

@@ -173,43 +173,249 @@ def test_topic_problems_are_conditions_and_events(
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
+    """Under ownership the input may have any partition count: 3 workers on an input of
+    2 partitions are all started, TopicReady True with a warning giving the forwarded
+    share. A missing input is TopicMissing (no worker). A pipeline that ran before
+    ownership (its status says workers ran, no status.ownership) is not switched:
+    OwnershipOff, its pods as before, and the input must still have spec.partitions
+    partitions (PartitionCountMismatch)."""
     ns = kube_namespace
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
+    kafka.create_topic(f"{topic}-out", 3)  # TopicReady: the output, one per worker
+    create(ns, pipeline_body("legacy", kafka.bootstrap, topic, 3))
+    # as the operator before ownership left it: workers ran, no status.ownership
+    client.CustomObjectsApi(ns.api_client).patch_namespaced_custom_object_status(
+        names.GROUP,
+        names.VERSION,
+        ns.name,
+        names.PLURAL,
+        "legacy",
+        {"status": {"phase": "Running", "partitions": [
+            {"partition": p, "epoch": 1, "pod": f"legacy-p{p}-e1"} for p in range(3)
+        ]}},
+    )  # fmt: skip
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
-        create(ns, pipeline_body("mismatch", kafka.bootstrap, topic, 3))
+        create(ns, pipeline_body("uneven", kafka.bootstrap, topic, 3))
         create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
 
-        def reason(name: str) -> str | None:
+        def topic_ready(name: str, status: str) -> dict[str, Any] | None:
             c = condition(get_pipeline(ns.api_client, ns.name, name), "TopicReady")
-            return c["reason"] if c and c["status"] == "False" else None
+            return c if c and c["status"] == status else None
 
-        assert (
-            wait_for(lambda: reason("mismatch"), 60, "mismatch condition")
-            == "PartitionCountMismatch"
+        uneven = wait_for(lambda: topic_ready("uneven", "True"), 60, "uneven: TopicReady")
+        assert "2 input partitions are not a multiple of 3 workers" in uneven["message"]
+        assert "66.7% (2/3)" in uneven["message"], uneven
+        wait_for(
+            lambda: listed(ns, "pod", "uneven") == [f"uneven-p{p}-e1" for p in range(3)],
+            30,
+            "3 pods for 2 input partitions",
         )
-        assert wait_for(lambda: reason("missing"), 60, "missing condition") == "TopicMissing"
-        mismatch = get_pipeline(ns.api_client, ns.name, "mismatch")
-        assert mismatch is not None
-        assert (
-            "has 2 partitions, spec.partitions is 3" in condition(mismatch, "TopicReady")["message"]
-        )  # type: ignore[index]
-        assert condition(mismatch, "Degraded")["status"] == "True"  # type: ignore[index]
+        missing = wait_for(lambda: topic_ready("missing", "False"), 60, "missing condition")
+        assert missing["reason"] == "TopicMissing"
+        try:
+            legacy = wait_for(lambda: topic_ready("legacy", "False"), 60, "legacy condition")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n{get_pipeline(ns.api_client, ns.name, 'legacy')}\n{op.log()[-6000:]}"
+            ) from None
+        assert legacy["reason"] == "PartitionCountMismatch", legacy
+        assert "has 2 partitions, spec.partitions is 3" in legacy["message"]
+        body = get_pipeline(ns.api_client, ns.name, "legacy")
+        assert condition(body, "Degraded")["status"] == "True"  # type: ignore[index]
+        off = condition(body, "OwnershipOff")
+        assert off is not None and off["status"] == "True", body
+        assert off["reason"] == "PreOwnershipPipeline"
+        assert body["status"]["ownership"] == {"enabled": False}  # type: ignore[index]
         assert ("Warning", "TopicMissing") in {
             e[:2] for e in events(ns.api_client, ns.name, "missing")
         }
-        # no workers for a topic that does not exist; only the topic's partitions run
+        assert ("Warning", "OwnershipOff") in {
+            e[:2] for e in events(ns.api_client, ns.name, "legacy")
+        }
+        # no workers for a topic that does not exist; without ownership only the input's
+        # partitions run, with the worker's arguments of before (no internal topic)
         assert listed(ns, "pod", "missing") == []
-        wait_for(
-            lambda: listed(ns, "pod", "mismatch") == ["mismatch-p0-e1", "mismatch-p1-e1"],
+        pods = wait_for(
+            lambda: (
+                (found := listed(ns, "pod", "legacy"))
+                and [n.rsplit("-e", 1)[0] for n in found] == ["legacy-p0", "legacy-p1"]
+                and found
+            ),
             30,
             "2 pods",
+        )
+        env = {
+            e.name
+            for e in client.CoreV1Api(ns.api_client)
+            .read_namespaced_pod(pods[0], ns.name)
+            .spec.containers[0]
+            .env
+        }
+        assert not env & {"DEDUP_OWNED_TOPIC", "DEDUP_WORKERS"}
+        assert (
+            names.owned_topic(ns.name, "legacy") not in kafka.admin().list_topics(timeout=10).topics
         )
         # TopicReady failing is an ERROR line of the operator (no promise can be kept),
         # one per change of reason: a case that must stay ERROR (issue 27)
         errors = [line for line in op.log().splitlines() if error_line(line)]
         for reason in ("PartitionCountMismatch", "TopicMissing"):
             assert sum(reason in line for line in errors) == 1, errors
+
+
+def describe(kafka: KafkaBroker, topic: str) -> tuple[int, int, dict[str, str]]:
+    """(partitions, replication factor, configs) of a topic, as Kafka answers."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = kafka.admin()
+    info = admin.list_topics(topic=topic, timeout=10).topics[topic]
+    assert info.error is None, info.error
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=10)
+    replication = min(len(p.replicas) for p in info.partitions.values())
+    return len(info.partitions), replication, {k: str(v.value) for k, v in entries.items()}
+
+
+def topic_exists(kafka: KafkaBroker, topic: str) -> bool:
+    info = kafka.admin().list_topics(topic=topic, timeout=10).topics.get(topic)
+    return info is not None and info.error is None and bool(info.partitions)
+
+
+def test_the_operator_creates_the_internal_topic_and_deletes_it_with_the_pipeline(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """Before the workers start: `<namespace>.<pipeline>-owned` with one partition per
+    worker, kept for ever, CreateTime, room for the input's largest record plus the
+    headers, as durable as the output; status.ownership recorded, the workers told the
+    topic and their count. Deleting the pipeline deletes the topic."""
+    ns = kube_namespace
+    topic = new_topic(partitions=3, config={"max.message.bytes": "2000000"})
+    kafka.create_topic(f"{topic}-out", 2, {"min.insync.replicas": "1"})
+    internal = names.owned_topic(ns.name, "events")
+    assert internal == f"{ns.name}.events-owned"
+    custom = client.CustomObjectsApi(ns.api_client)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
+        create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
+        ready = wait_for(
+            lambda: (
+                (c := condition(get_pipeline(ns.api_client, ns.name, "events"), "TopicReady"))
+                and c["status"] == "True"
+                and c
+            ),
+            60,
+            "TopicReady",
+        )
+        assert f"internal topic {internal} has 2 partitions" in ready["message"], ready
+        assert "50.0% (1/2)" in ready["message"]  # 3 input partitions, 2 workers
+        partitions, replication, config = describe(kafka, internal)
+        assert (partitions, replication) == (2, 1)
+        assert config["cleanup.policy"] == "delete"
+        assert config["retention.ms"] == "-1"
+        assert config["retention.bytes"] == "-1"
+        assert config["message.timestamp.type"] == "CreateTime"
+        assert config["max.message.bytes"] == str(2000000 + 65536)
+        assert config["min.insync.replicas"] == "1"
+        assert config["unclean.leader.election.enable"] == "false"
+        body = wait_for(
+            lambda: (
+                (p := get_pipeline(ns.api_client, ns.name, "events"))
+                and (p.get("status") or {}).get("ownership")
+                and p
+            ),
+            60,
+            "status.ownership",
+        )
+        assert body["status"]["ownership"] == {"workers": 2, "reshards": 0}
+        assert names.FINALIZER_OWNED_TOPIC in body["metadata"]["finalizers"]
+        wait_for(lambda: len(listed(ns, "pod", "events")) == 2, 60, "2 worker pods")
+        pod = client.CoreV1Api(ns.api_client).read_namespaced_pod("events-p1-e1", ns.name)
+        env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert (env["DEDUP_OWNED_TOPIC"], env["DEDUP_WORKERS"]) == (internal, "2")
+        assert ("Normal", "OwnedTopicCreated") in {
+            e[:2] for e in events(ns.api_client, ns.name, "events")
+        }
+
+        # a later change of the worker count is refused; the workers stay as they are
+        custom.patch_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns.name, names.PLURAL, "events", {"spec": {"partitions": 4}}
+        )
+        pending = wait_for(
+            lambda: condition(get_pipeline(ns.api_client, ns.name, "events"), "ReshardPending"),
+            60,
+            "ReshardPending",
+        )
+        assert pending["status"] == "True"
+        assert "spec.partitions is 4, the pipeline runs 2 workers" in pending["message"]
+        assert "input topic can grow freely" in pending["message"]
+        assert listed(ns, "pvc", "events") == ["events-p0", "events-p1"]
+        assert listed(ns, "pod", "events") == ["events-p0-e1", "events-p1-e1"]
+        assert describe(kafka, internal)[0] == 2
+
+        custom.delete_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns.name, names.PLURAL, "events"
+        )
+        try:
+            wait_for(lambda: not topic_exists(kafka, internal), 60, "the internal topic to go")
+            wait_for(
+                lambda: get_pipeline(ns.api_client, ns.name, "events") is None,
+                60,
+                "the pipeline to go",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{op.log()[-4000:]}") from None
+        assert topic_exists(kafka, topic) and topic_exists(kafka, f"{topic}-out")
+
+
+def test_a_user_named_internal_topic_is_checked_and_never_deleted(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """kafka.ownedTopic names a topic the user made: with fewer partitions than workers
+    it is TopicReady's reason with the numbers, no worker starts, and deleting the
+    pipeline leaves the topic alone."""
+    ns = kube_namespace
+    topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)
+    theirs = new_topic(
+        partitions=1,
+        config={"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"},
+    )
+    custom = client.CustomObjectsApi(ns.api_client)
+    with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
+        body = pipeline_body("named", kafka.bootstrap, topic, 2)
+        body["spec"]["kafka"]["ownedTopic"] = theirs
+        create(ns, body)
+        failed = wait_for(
+            lambda: (
+                (c := condition(get_pipeline(ns.api_client, ns.name, "named"), "TopicReady"))
+                and c["status"] == "False"
+                and c
+            ),
+            60,
+            "TopicReady False",
+        )
+        assert failed["reason"] == "OwnedPartitionsTooFew", failed
+        assert (
+            f"internal topic {theirs} has 1 partitions, fewer than the 2 workers"
+            in (failed["message"])
+        )
+        found = get_pipeline(ns.api_client, ns.name, "named")
+        assert condition(found, "Degraded")["status"] == "True"  # type: ignore[index]
+        assert names.FINALIZER_OWNED_TOPIC not in (found or {})["metadata"].get("finalizers", [])
+        assert not topic_exists(kafka, names.owned_topic(ns.name, "named"))
+        time.sleep(3)
+        assert listed(ns, "pod", "named") == []  # no worker without its internal partitions
+        custom.delete_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns.name, names.PLURAL, "named"
+        )
+        wait_for(lambda: get_pipeline(ns.api_client, ns.name, "named") is None, 60, "gone")
+    assert topic_exists(kafka, theirs)
 
 
 def test_output_topics_that_cannot_keep_the_window_degrade_the_pipeline(
@@ -283,7 +489,8 @@ def test_delete_keeps_volumes_only_when_asked(
         kept = get_pipeline(ns.api_client, ns.name, "kept")
         dropped = get_pipeline(ns.api_client, ns.name, "dropped")
         assert kept and names.FINALIZER_RETAIN_VOLUMES in kept["metadata"].get("finalizers", [])
-        assert dropped and not dropped["metadata"].get("finalizers")
+        # the only finalizer of a pipeline that drops its volumes: its internal topic's
+        assert dropped and dropped["metadata"].get("finalizers") == [names.FINALIZER_OWNED_TOPIC]
         for name in ("kept", "dropped"):
             custom.delete_namespaced_custom_object(
                 names.GROUP, names.VERSION, ns.name, names.PLURAL, name

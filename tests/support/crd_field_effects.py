@@ -47,10 +47,15 @@ FIELD_EFFECTS: Final[dict[str, Effect]] = {
         f"{EFFECTS}::test_security_ref_key_names_the_secrets_key",
         "the worker pod's secretKeyRef names the key",
     ),
+    "spec.kafka.ownedTopic": Effect(
+        f"{DESIRED}::test_workers_get_the_internal_topic_and_the_worker_count",
+        "DEDUP_OWNED_TOPIC of the worker pod names it, and the operator does not create it",
+    ),
     # -------------------------------------------------------------------- partitions
     "spec.partitions": Effect(
         f"{DESIRED}::test_pipeline_objects",
-        "the workers' Role names one Lease per partition",
+        "the workers' Role names one Lease per partition (DEDUP_WORKERS: "
+        "test_workers_get_the_internal_topic_and_the_worker_count)",
     ),
     # --------------------------------------------------------------- messageId, window
     "spec.messageId.source": Effect(WORKER_ARGS, "the worker's --id-source"),

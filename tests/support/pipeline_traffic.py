@@ -24,6 +24,7 @@ from dedup_local.kafka import KafkaBroker
 from dedup_local.kafka import produce_all as kafka_produce_all
 from dedup_operator import names
 from dedup_operator.observed import parse_time
+from dedup_worker.ownership import owner_reference
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (
     condition,
@@ -121,17 +122,33 @@ class Traffic:
 
 
 def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: float = 90) -> None:
-    for p, expected in traffic.unique.items():
+    """Every id the traffic sent is published once across the whole output, on its
+    owner's partition (the pure-Python reference hash, not the workers' C one), and the
+    ids of one input partition keep their order on each output partition."""
+    sent_on = {i: p for p, ids in traffic.unique.items() for i in ids}
+    partitions = range(traffic.partitions)
 
-        def caught_up(p: int = p, n: int = len(expected)) -> list[str] | None:
-            got = output_ids(bootstrap, f"{topic}-out", p)
-            return got if len(got) >= n else None
+    def caught_up() -> dict[int, list[str]] | None:
+        got = {q: output_ids(bootstrap, f"{topic}-out", q) for q in partitions}
+        return got if sum(map(len, got.values())) >= len(sent_on) else None
 
-        got = wait_for(caught_up, timeout, f"partition {p}'s output to catch up", every=2)
-        assert got == expected, (
-            f"partition {p}: {len(got)} output ids, {len(expected)} expected; "
-            f"duplicates {len(got) - len(set(got))}, missing {len(set(expected) - set(got))}"
-        )
+    got = wait_for(caught_up, timeout, "the output to catch up", every=2)
+    published = [i for ids in got.values() for i in ids]
+    twice = len(published) - len(set(published))
+    missing, unexpected = set(sent_on) - set(published), set(published) - set(sent_on)
+    assert not (twice or missing or unexpected), (
+        f"{len(published)} output ids, {len(sent_on)} expected; duplicates {twice}, "
+        f"missing {len(missing)}, unexpected {len(unexpected)}"
+    )
+    for q, ids in got.items():
+        misplaced = [i for i in ids if owner_reference(i.encode(), traffic.partitions) != q]
+        assert not misplaced, f"output partition {q} holds ids of other owners: {misplaced[:5]}"
+        for p, sent in traffic.unique.items():
+            order = {i: n for n, i in enumerate(sent)}
+            mine = [i for i in ids if sent_on[i] == p]
+            assert mine == sorted(mine, key=order.__getitem__), (
+                f"ids of input partition {p} out of order on output partition {q}"
+            )
 
 
 def ready_pipeline(api: client.ApiClient, ns: str, name: str, partitions: int) -> dict[str, Any]:

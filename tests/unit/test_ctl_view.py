@@ -134,13 +134,13 @@ def test_input_rate_from_two_scrapes() -> None:
 STATUS_KEYS = {"schemaVersion", "pipelines"}
 PIPELINE_KEYS = {
     "namespace", "name", "phase", "partitions", "readyPartitions", "recordsIn", "recordsOut",
-    "duplicatesDropped", "deadLetters", "consumerLag", "inputRate", "failovers",
+    "duplicatesDropped", "deadLetters", "consumerLag", "misroutedShare", "inputRate", "failovers",
     "observedGeneration", "generation", "created", "conditions", "lastReconciliation",
     "partitionStatus",
 }  # fmt: skip
 PARTITION_KEYS = {
     "partition", "node", "pod", "epoch", "phase", "ready", "inputRate", "recordsIn",
-    "recordsOut", "lag", "duplicatesDropped", "deadLetters", "waitingFor", "handover",
+    "recordsOut", "forwarded", "lag", "duplicatesDropped", "deadLetters", "waitingFor", "handover",
     "lastHandover", "lastFailover",
 }  # fmt: skip
 HANDOVER_KEYS = {
@@ -159,7 +159,8 @@ def test_status_json_schema_is_stable() -> None:
     doc = ctl_view.status_doc([ctl_view.pipeline_doc(pipeline(), {0: sample}, {0: 12.5})])
     doc = json.loads(json.dumps(doc))  # what -o json prints
     assert set(doc) == STATUS_KEYS
-    assert doc["schemaVersion"] == 2  # 2 added the handovers' releaseWhy
+    # 2 added the handovers' releaseWhy; 3 the misrouted share and each worker's forwarded
+    assert doc["schemaVersion"] == 3
     (p,) = doc["pipelines"]
     assert set(p) == PIPELINE_KEYS
     assert set(p["conditions"]["Ready"]) == CONDITION_KEYS
@@ -452,3 +453,15 @@ def test_audit_shows_the_counts_the_audit_adds_when_present() -> None:
     # the status document's schema stays as pinned
     p = ctl_view.pipeline_doc(body)
     assert set(p["lastReconciliation"]) == AUDIT_KEYS
+
+
+def test_the_misrouted_share_is_the_workers_forwarded_input_over_their_input() -> None:
+    body = pipeline()
+    a = WorkerSample(1.0, 1000, 600, 0, 0, 0, forwarded=300)
+    b = WorkerSample(1.0, 3000, 2000, 0, 0, 0, forwarded=100)
+    p = ctl_view.pipeline_doc(body, {0: a, 1: b}, {})
+    assert p["misroutedShare"] == 0.1
+    assert [q["forwarded"] for q in p["partitionStatus"]] == [300, 100]
+    assert ctl_view.pipeline_doc(body, {0: a}, {})["misroutedShare"] is None, "one not scraped"
+    text = ctl_view.render_status(ctl_view.status_doc([p]), NOW)
+    assert "MISROUTED" in text.splitlines()[0] and "10.0%" in text.splitlines()[1]

@@ -269,3 +269,51 @@ def test_the_pod_env_is_a_valid_worker_configuration(monkeypatch: Any) -> None:
     )
     assert config.lease.duration_s == 5
     assert config.metrics_port == 9400
+
+
+def test_workers_get_the_internal_topic_and_the_worker_count() -> None:
+    env = env_of(worker_pod(spec(), 1, 1, OWNER))
+    assert env["DEDUP_OWNED_TOPIC"] == "analytics.events-owned"
+    assert env["DEDUP_OWNED_TOPIC"] == names.owned_topic("analytics", "events")
+    assert env["DEDUP_WORKERS"] == "4"
+    named = spec(
+        kafka={
+            "bootstrapServers": "kafka:9092",
+            "inputTopic": "events",
+            "outputTopic": "events-deduped",
+            "ownedTopic": "shop.events-forwarded",
+        }
+    )
+    assert env_of(worker_pod(named, 0, 1, OWNER))["DEDUP_OWNED_TOPIC"] == "shop.events-forwarded"
+    assert named.owned_topic == "shop.events-forwarded" and not named.creates_owned_topic
+    assert spec().creates_owned_topic
+
+
+def test_workers_run_the_recorded_worker_count_not_spec_partitions() -> None:
+    from dedup_operator.ownership import decide
+
+    grown = spec(partitions=6)  # spec.partitions changed after the workers started
+    state = decide(grown, {"ownership": {"workers": 4, "reshards": 0}})
+    running = state.spec
+    assert running.partitions == running.workers == 4
+    env = env_of(worker_pod(running, 3, 1, OWNER))
+    assert env["DEDUP_WORKERS"] == "4"
+    assert template_hash(running, 3) == template_hash(spec(), 3)  # nothing rolls
+    objects = {o["kind"]: o for o in pipeline_objects(running, OWNER)}
+    assert objects["PodDisruptionBudget"]["spec"]["minAvailable"] == 3
+    assert len(objects["Role"]["rules"][0]["resourceNames"]) == 4
+
+
+def test_a_pipeline_that_ran_before_ownership_keeps_its_pods_as_they_were() -> None:
+    from dataclasses import replace
+
+    from dedup_operator.ownership import decide
+
+    ran = {"partitions": [{"partition": 0, "epoch": 2, "pod": "events-p0-e2"}]}
+    legacy = decide(spec(), ran).spec
+    assert not legacy.ownership and not legacy.creates_owned_topic
+    env = env_of(worker_pod(legacy, 0, 2, OWNER))
+    assert "DEDUP_OWNED_TOPIC" not in env and "DEDUP_WORKERS" not in env
+    # the very template the operator rendered before ownership existed: no roll
+    before = replace(spec(), ownership=False)
+    assert template_hash(legacy, 0) == template_hash(before, 0) != template_hash(spec(), 0)

@@ -44,6 +44,9 @@ def flags(argv: list[str]) -> dict[str, str]:
     return {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1) if argv[i].startswith("--")}
 
 
+OWNERSHIP_FLAGS = ("--workers", "--owned-topic")
+
+
 def test_no_reconciliation_no_objects() -> None:
     plain = PipelineSpec.parse(
         "events",
@@ -98,6 +101,11 @@ def test_cron_job_command_is_what_dedup_reconcile_accepts() -> None:
     assert f["--report-dir"] == "/reports"
     assert f["--lookback"] == "36h"
     assert f["--window"] == "7d"
+    # ownership: the recorded worker count and the internal topic
+    assert f["--workers"] == "4"
+    assert (
+        f["--owned-topic"] == "analytics.events-owned" == names.owned_topic("analytics", "events")
+    )
     args = build_parser().parse_args(argv[1:])
     job = job_from_args(args, now_ms=10 * 86_400_000)
     assert job.pipeline == "events" and job.namespace == "analytics"
@@ -110,6 +118,23 @@ def test_cron_job_command_is_what_dedup_reconcile_accepts() -> None:
     assert job.consumer_group == "dedup-events"
     assert job.window_ms == 7 * 86_400_000
     assert job.audit_range.from_ms == 10 * 86_400_000 - 36 * 3_600_000
+
+
+def test_the_audit_follows_the_recorded_workers_and_a_user_named_internal_topic() -> None:
+    from dataclasses import replace
+
+    s = spec(
+        kafka={
+            "bootstrapServers": "kafka:9092",
+            "inputTopic": "events",
+            "outputTopic": "events-deduped",
+            "ownedTopic": "shop.events-forwarded",
+        }
+    )
+    f = flags(rec.command(replace(s, partitions=2)))  # status.ownership.workers 2
+    assert (f["--workers"], f["--owned-topic"]) == ("2", "shop.events-forwarded")
+    legacy = rec.command(replace(spec(), ownership=False))  # OwnershipOff: as before
+    assert not set(OWNERSHIP_FLAGS) & set(legacy)
 
 
 def test_driver_env_downward_api_and_kafka_settings_as_the_worker() -> None:

@@ -608,7 +608,7 @@ class DedupWorker:
                     self._forwarded_committed[partition] = next_offset
 
         m = self.metrics
-        m.records_in.inc(len(batch.records))
+        m.records_in.inc(len(batch.records) - batch.received)
         m.records_out.inc(len(batch.new))
         m.duplicates.inc(batch.duplicates)
         if batch.forwards:

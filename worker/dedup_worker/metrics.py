@@ -35,12 +35,12 @@ class WorkerMetrics:
             return Gauge(name, doc, LABELS, registry=r)
 
         self.records_in = counter(
-            "dedup_records_in", "Records consumed (input, and forwarded to this worker)"
+            "dedup_records_in", "Input records consumed (forwarded ones: dedup_records_received)"
         ).labels(**labels)
         self.forwarded = counter(
             "dedup_records_forwarded",
             "Records read whose id another worker owns, forwarded to it through the "
-            "internal topic (their share of the input is the misrouted share)",
+            "internal topic (over dedup_records_in: the misrouted share)",
         ).labels(**labels)
         self.received = counter(
             "dedup_records_received",

@@ -80,7 +80,8 @@ def kafka_env(spec: PipelineSpec) -> list[dict[str, Any]]:
 
 
 def worker_env(spec: PipelineSpec, partition: int) -> list[dict[str, Any]]:
-    """The worker's flags as DEDUP_* variables, all but its epoch."""
+    """The worker's flags as DEDUP_* variables, all but its epoch. `spec` as the workers
+    run it (`ownership.decide`): `partitions` is the recorded worker count."""
     plain: list[tuple[str, str | None]] = [
         ("DEDUP_BOOTSTRAP_SERVERS", spec.kafka.bootstrap_servers),
         ("DEDUP_INPUT_TOPIC", spec.kafka.input_topic),
@@ -107,6 +108,14 @@ def worker_env(spec: PipelineSpec, partition: int) -> list[dict[str, Any]]:
         ("DEDUP_LOG_LEVEL", spec.worker.log_level),
         ("DEDUP_LOG_FORMAT", "json"),
     ]
+    if spec.ownership:
+        # owner(id) = murmur2(id) % workers: worker w reads input and internal-topic
+        # partitions q with q % workers == w and forwards what it does not own. Not for a
+        # pipeline that ran before ownership (OwnershipOff): its pods stay as they were.
+        plain += [
+            ("DEDUP_OWNED_TOPIC", spec.owned_topic),
+            ("DEDUP_WORKERS", str(spec.workers)),
+        ]
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain if v is not None]
     env += [
         {"name": "DEDUP_NAMESPACE", **_field("metadata.namespace")},
