@@ -9,9 +9,11 @@ The oracle is the broker and librdkafka, not our hash (support/ownership_pipelin
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -25,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from dedup_local import kafka as local_kafka
 from dedup_local.pod_health import error_line
+from dedup_worker.cli import arguments
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.routing import FORWARD_ORIGIN, forward_headers
 from support.ownership_pipeline import (
@@ -316,3 +319,102 @@ def test_forwarded_records_deleted_before_their_owner_read_them_stop_it_with_one
     assert len(errors) == 1, errors
     assert "were deleted before it read them" in errors[0] and pipe.owned_topic in errors[0]
     assert "Traceback" not in pipe.log.read_text()
+
+
+PRE_OWNERSHIP_COMMIT = "607fff9"  # the worker before issue 26: format-1 stores only
+
+
+def pre_ownership_worker(tmp: Path) -> Path:
+    """The worker's package as it was before ownership, from this repository's history
+    (git archive): the pinned worker whose stores a pipeline switches from."""
+    root = Path(__file__).resolve().parents[2]
+    dest = tmp / "pre-ownership"
+    dest.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", PRE_OWNERSHIP_COMMIT, "worker/dedup_worker"],
+        capture_output=True,
+        check=False,
+    )
+    assert archive.returncode == 0, (
+        f"commit {PRE_OWNERSHIP_COMMIT} (the pinned pre-ownership worker) is not in this "
+        f"clone's history: {archive.stderr.decode().strip()}"
+    )
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "worker"
+
+
+def start_pre_ownership(
+    pipe: Pipeline, code: Path, worker: int, log: Path
+) -> subprocess.Popen[bytes]:
+    cfg = replace(
+        pipe.config(worker, owned_topic=None, workers=None),
+        store_path=pipe.tmp / f"{pipe.name}-store-{worker}",
+        metrics_port=0,
+    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dedup_worker.cli", *arguments(cfg)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=code,
+            env={**os.environ, "PYTHONPATH": str(code)},
+        )
+
+
+def test_a_pipeline_of_pre_ownership_workers_switches_in_one_step(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """Stores made by the worker before ownership, whose producer did not key by id; every
+    old worker stopped, then the new ones started with --ownership-switch: each adds the
+    ids it owns from the other output partitions. Then every id of the window is repeated
+    on another partition than before, with new ids round-robin: none is published again,
+    each new id once on its owner's partition. The pre-ownership worker refuses a
+    switched store (exit 5)."""
+    code = pre_ownership_worker(tmp_path)
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    old_log = tmp_path / "pre-ownership.log"
+    before = [f"sw-{i}" for i in range(1000)]
+    first = {i: n % 2 for n, i in enumerate(before)}  # not keyed by id: round-robin
+    old = [start_pre_ownership(pipe, code, w, old_log) for w in range(WORKERS)]
+    produce(pipe.bootstrap, pipe.input_topic, ((i, i, p) for i, p in first.items()))
+    group = pipe.config(0).group
+    deadline = time.monotonic() + 120
+    while local_kafka.committed_offsets(pipe.bootstrap, group, pipe.input_topic, [0, 1]) != [
+        500,
+        500,
+    ]:
+        assert all(p.poll() is None for p in old), f"a pre-ownership worker died: {old_log}"
+        assert time.monotonic() < deadline, "pre-ownership workers did not consume in time"
+        time.sleep(0.5)
+    for proc in old:  # every old worker stopped before any new one starts
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    published_before = pipe.output()
+    assert Counter(output_id(m) for m in published_before) == Counter(before)
+    ends = {p: max(m.offset() for m in published_before if m.partition() == p) for p in (0, 1)}
+
+    for worker in range(WORKERS):
+        pipe.start(worker, env={"DEDUP_OWNERSHIP_SWITCH": "true"})
+    deadline = time.monotonic() + 120
+    while pipe.log.read_text().count("store switched to ownership") < WORKERS:
+        assert time.monotonic() < deadline, f"the stores were not switched; see {pipe.log}"
+        time.sleep(0.5)
+    after = [f"sw-new-{i}" for i in range(1000)]
+    placement = pipe.placement(before + after)
+    produce(
+        pipe.bootstrap,
+        pipe.input_topic,
+        [(i, i, 1 - p) for i, p in first.items()] + [(i, i, n % 2) for n, i in enumerate(after)],
+    )
+    pipe.wait_settled(set(before + after))
+    time.sleep(2)
+    new = [m for m in pipe.output() if m.offset() > ends[m.partition()]]
+    assert not {output_id(m) for m in new} & set(before), "an id of the window published again"
+    assert Counter(output_id(m) for m in new) == Counter(after)
+    assert all(placement[output_id(m)] == m.partition() for m in new)
+    pipe.stop_all()
+    assert pipe.worker_log_problems() == []
+
+    refused = start_pre_ownership(pipe, code, 0, tmp_path / "refused.log")
+    assert refused.wait(timeout=60) == 5, "the pre-ownership worker refuses a switched store"
+    assert "format 2" in (tmp_path / "refused.log").read_text()

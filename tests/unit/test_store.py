@@ -107,6 +107,27 @@ def test_a_store_written_before_ownership_is_refused_under_it(path: Path) -> Non
         assert store.key_count == 5
 
 
+def test_a_store_written_before_ownership_is_switched_once_completed(path: Path) -> None:
+    with reopen(path) as store:
+        store.record_batch(keys(0, 5), 1, input_next_offset=3, output_next_offset=7)
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(2), switch=True) as store:
+        assert store.switching and store.output_next_offset == 7
+        store.record_batch(keys(100, 103), 2, input_next_offset=None, output_next_offset=None)
+        # a crash here: still format 1, switched again at the next start
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(2), switch=True) as store:
+        assert store.switching and store.key_count == 8
+        store.complete_switch()
+        assert not store.switching
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(2)) as store:
+        assert not store.switching and store.key_count == 8 and store.output_next_offset == 7
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(2), switch=True) as store:
+        assert not store.switching, "switched once; the flag is harmless after"
+        with pytest.raises(StoreError, match="not being switched"):
+            store.complete_switch()
+    with pytest.raises(StoreError, match="written under ownership"):
+        reopen(path)
+
+
 def test_second_open_while_locked_fails_clearly(store: Store, path: Path) -> None:
     with pytest.raises(StoreError, match="cannot open store"):
         reopen(path)

@@ -122,11 +122,13 @@ def test_arguments_reproduce_the_config() -> None:
                 "ns.events-owned",
                 "--workers",
                 "8",
+                "--ownership-switch",
+                "true",
             ]
         )
     )
     assert cfg.lease is not None and cfg.lease.duration_s == 60
-    assert cfg.owned_topic == "ns.events-owned" and cfg.workers == 8
+    assert cfg.owned_topic == "ns.events-owned" and cfg.workers == 8 and cfg.ownership_switch
     assert cfg.metrics_address == "127.0.0.3"
     assert config_from_args(build_parser().parse_args(arguments(cfg))) == cfg
     standalone = config_from_args(build_parser().parse_args(BASE))

@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         "owner however producers partition; needs --workers)",
     )
     opt("workers", "how many workers the ids are divided among (spec.partitions)")
+    opt(
+        "ownership-switch",
+        "true: a store written before ownership is switched to it (the ids this worker owns "
+        "added from every other output partition over the window), not refused; only with "
+        "every worker of the pipeline stopped first (dedupctl switch-ownership)",
+        default="false",
+        choices=["true", "false"],
+    )
     opt("pipeline", "pipeline name (store ownership, transactional id, consumer group)")
     opt("namespace", "namespace of the pipeline", default="default")
     opt(
@@ -210,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         metrics_address=args.metrics_address,
         owned_topic=args.owned_topic or None,
         workers=_int(args.workers, "workers") if args.workers else None,
+        ownership_switch=args.ownership_switch == "true",
         lease=lease,
     )
 
@@ -255,6 +264,8 @@ def arguments(config: WorkerConfig) -> list[str]:
         argv += ["--window-max-keys", str(config.window.max_keys)]
     if config.owned_topic is not None and config.workers is not None:
         argv += ["--owned-topic", config.owned_topic, "--workers", str(config.workers)]
+        if config.ownership_switch:
+            argv += ["--ownership-switch", "true"]
     if config.kafka_settings:
         argv += ["--kafka-config", ",".join(f"{k}={v}" for k, v in config.kafka_settings.items())]
     return argv

@@ -80,12 +80,17 @@ class WorkerConfig:
     # `partition` only and publishes every new id in it (producers must key by id).
     owned_topic: str | None = None
     workers: int | None = None
+    # a store written before ownership is switched (the pipeline's switch, with every
+    # worker of it stopped first), not refused
+    ownership_switch: bool = False
 
     def __post_init__(self) -> None:
         if self.partition < 0:
             raise ValueError(f"partition must be >= 0, got {self.partition}")
         if (self.owned_topic is None) != (self.workers is None):
             raise ValueError("--owned-topic and --workers go together (ownership)")
+        if self.ownership_switch and self.owned_topic is None:
+            raise ValueError("--ownership-switch needs --owned-topic and --workers")
         if self.workers is not None and not 0 <= self.partition < self.workers:
             raise ValueError(
                 f"--partition {self.partition} is not one of --workers {self.workers} "

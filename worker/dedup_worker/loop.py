@@ -53,7 +53,7 @@ from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
 from dedup_worker.ids import ID_HEADER
 from dedup_worker.lease import Hold, WorkerState, next_state
 from dedup_worker.metrics import Health, WorkerMetrics
-from dedup_worker.recovery import catch_up
+from dedup_worker.recovery import catch_up, owned_from_other_partitions
 from dedup_worker.routing import NO_FORWARDS, Forwards, OpenTransactionAge, Source, WindowClock
 from dedup_worker.store import Store
 
@@ -276,7 +276,9 @@ class DedupWorker:
         started = time.monotonic()
         if not self.fencing.held():
             raise self._fenced(f"not held at start: {self.fencing.why_not_held()}")
-        self.store = Store.open(cfg.store_path, cfg.owner, cfg.window, cfg.store, cfg.ownership)
+        self.store = Store.open(
+            cfg.store_path, cfg.owner, cfg.window, cfg.store, cfg.ownership, cfg.ownership_switch
+        )
         self.producer = Producer(self._producer_settings())
         log.info("initialising transactions", extra={"transactional_id": cfg.transactional_id})
         try:
@@ -300,6 +302,8 @@ class DedupWorker:
         recovered = catch_up(
             self.store, self.consumer, cfg.output_topic, cfg.partition, rebuild_from, cfg.workers
         )
+        if self.store.switching:
+            self._switch_store(rebuild_from)
         self._sources = []
         resume = self._assign(self._find_sources())
         seconds = time.monotonic() - started
@@ -320,6 +324,23 @@ class DedupWorker:
                 "recovered_ids": recovered.ids,
                 "startup_seconds": round(seconds, 3),
             },
+        )
+
+    def _switch_store(self, window_start_ms: int | None) -> None:
+        """A store written before ownership (its ids: those of input partition p, all
+        published to output partition p) gets the ids this worker owns that the other
+        workers published, over the window, then becomes an ownership store. Every worker
+        of the pipeline was stopped before any started under ownership, so nothing is
+        published meanwhile (dedupctl switch-ownership)."""
+        cfg = self.config
+        assert self.store is not None and self.consumer is not None and cfg.workers
+        added = owned_from_other_partitions(
+            self.store, self.consumer, cfg.output_topic, cfg.partition, cfg.workers, window_start_ms
+        )
+        self.store.complete_switch()
+        log.info(
+            "store switched to ownership",
+            extra={"ids_added": added, "workers": cfg.workers, "store_keys": self.store.key_count},
         )
 
     def close(self) -> None:

@@ -97,7 +97,7 @@ def catch_up(
     first, rebuilt = start_offset(store, consumer, tp, rebuild_from_ms, int(low), int(end))
     owned_elsewhere = 0
     if rebuilt and workers is not None:
-        owned_elsewhere = _rebuild_from_other_partitions(
+        owned_elsewhere = owned_from_other_partitions(
             store, consumer, topic, partition, workers, rebuild_from_ms
         )
     log.info(
@@ -171,7 +171,7 @@ def catch_up(
     return result
 
 
-def _rebuild_from_other_partitions(
+def owned_from_other_partitions(
     store: Store,
     consumer: Consumer,
     topic: str,

@@ -178,12 +178,15 @@ class Store:
         config: StoreConfig,
         cf_options: Options,
         ownership: Ownership | None = None,
+        switch: bool = False,
     ) -> None:
         """Use ``Store.open``."""
         self._path = path
         self._db: Rdict | None = db
         self._owner = owner
         self._ownership = ownership
+        self._may_switch = switch and ownership is not None
+        self._switching = False  # a store written before ownership, being switched
         self._window = window
         self._config = config
         self._cf_options = cf_options
@@ -213,12 +216,15 @@ class Store:
         window: WindowPolicy,
         config: StoreConfig = StoreConfig(),
         ownership: Ownership | None = None,
+        switch: bool = False,
     ) -> Store:
         """Open the store at ``path``, creating it (owned by ``owner``) if there is none.
 
         ``ownership``: the generation of a worker under ownership (format 2), None for
         one without (format 1). A store written under another generation, or in the other
-        format, is refused.
+        format, is refused; but with ``switch``, a store written before ownership (format
+        1) is opened to be switched (`switching`): the caller adds the ids this worker owns
+        from the other output partitions, then calls `complete_switch`.
 
         Raises StoreOwnershipError if it belongs to someone else, StoreError if it
         cannot be opened (locked by another process, corrupt, another format or
@@ -232,7 +238,7 @@ class Store:
             db = Rdict(str(path), db_options, column_families=families)
         except Exception as error:  # rocksdict raises bare Exception for RocksDB errors
             raise StoreError(f"cannot open store at {path}: {error}") from error
-        store = cls(path, db, owner, window, config, cf_options, ownership)
+        store = cls(path, db, owner, window, config, cf_options, ownership, switch)
         try:
             store._load()
         except BaseException:
@@ -504,10 +510,16 @@ class Store:
                 raise StoreError(f"store at {self._path} has data but no format record")
             self._initialise(db)
             meta = _metadata(db)
+        elif self._may_switch and recorded_format == str(FORMAT_VERSION).encode():
+            self._switching = True
         elif recorded_format != str(self._format).encode():
             raise StoreError(self._refusal(recorded_format.decode(errors="replace")))
         recorded_ownership = meta.get(_OWNERSHIP)
-        if self._ownership is not None and recorded_ownership != str(self._ownership).encode():
+        if (
+            self._ownership is not None
+            and not self._switching
+            and recorded_ownership != str(self._ownership).encode()
+        ):
             raise StoreError(
                 f"store at {self._path} was written under ownership generation "
                 f"{(recorded_ownership or b'none').decode(errors='replace')}, this worker runs "
@@ -536,6 +548,24 @@ class Store:
         self._reconcile(db, generations)
 
     @property
+    def switching(self) -> bool:
+        """Whether this store was written before ownership and is being switched."""
+        return self._switching
+
+    def complete_switch(self) -> None:
+        """Mark a store being switched as an ownership store (format 2, this worker's
+        generation), durably: call it once the ids this worker owns from the other output
+        partitions are in. Until then a crash leaves it a format-1 store, switched again
+        at the next start."""
+        if not self._switching or self._ownership is None:
+            raise StoreError(f"store at {self._path} is not being switched to ownership")
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_FORMAT, str(FORMAT_VERSION_OWNED).encode())
+        batch.put(_OWNERSHIP, str(self._ownership).encode())
+        self._open_db().write(batch, self._sync)
+        self._switching = False
+
+    @property
     def _format(self) -> int:
         return FORMAT_VERSION if self._ownership is None else FORMAT_VERSION_OWNED
 
@@ -550,7 +580,8 @@ class Store:
             return (
                 f"store at {self._path} has format {recorded}: it was written before "
                 "ownership, and its ids are those of one input partition; a pipeline is "
-                "switched to ownership as a whole, never one worker at a time"
+                "switched to ownership as a whole, never one worker at a time (dedupctl "
+                "switch-ownership; the worker then runs with --ownership-switch)"
             )
         return (
             f"store at {self._path} has format {recorded}; this worker reads format {self._format}"
