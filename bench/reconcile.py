@@ -4,9 +4,10 @@
                               [--masters local[2]] [--skip-baseline]
 
 Workload per size: an input topic of 300-byte JSON records over 8 partitions with 10%
-repeats within the window and 0.1% invalid records, the output topic a correct worker
-would write (first occurrences, transactional) and the dead letters. Filled once per
-size (not timed).
+repeats within the window and 0.1% invalid records, the output topic correct workers
+under ownership would write (as many workers as partitions; first occurrences, each on
+output partition owner(id), in input order per input partition; transactional) and the
+dead letters. Filled once per size (not timed).
 
 Ours: `dedup_spark.reconcile.run` on Spark (`local[2]`, or `k8s` with two executors
 when run inside a driver pod, see bench/README.md), timed twice: reading alone (the three
@@ -15,8 +16,8 @@ whole audit; computing = audit - reading. A first run on the fresh JVM (JIT, Pyt
 workers) is printed as `cold`; then three runs, of which the median is reported.
 Baseline: one Python process reading the same topics with confluent-kafka (read
 committed), extracting ids with the same `dedup_worker.ids` and content digests of its own
-(BLAKE2b; Spark's are the JVM's xxhash64), and running the same `dedup_spark.audit.audit_partition`
-per partition. Both must report the same counts.
+(BLAKE2b; Spark's are the JVM's xxhash64), and running the same rules in one process
+(`dedup_spark.audit.audit_records`, across partitions). Both must report the same counts.
 Prints input records audited per second of wall time, records read per second (input,
 output and dead letters: every record the audit reads and checks), and the ratio.
 Target: >= 200,000 input records/s on `local[2]`.
@@ -31,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack
 from hashlib import blake2b
@@ -45,6 +45,7 @@ from dedup_spark import audit, reconcile
 from dedup_spark.source import KafkaSource, read_topic, with_ids
 from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
+from dedup_worker.ownership import owner_reference
 
 REPEAT_SHARE = 0.10
 INVALID_SHARE = 0.001
@@ -95,7 +96,7 @@ def fill(kafka: KafkaBroker, name: str, total: int, partitions: int) -> None:
     )
     out.init_transactions(30)
     offsets = [0] * partitions
-    published: list[set[bytes]] = [set() for _ in range(partitions)]
+    published: set[bytes] = set()
     ins: list[dict[str, Any]] = []
     outs: list[dict[str, Any]] = []
     for p, mid, value in records(total, partitions):
@@ -115,13 +116,13 @@ def fill(kafka: KafkaBroker, name: str, total: int, partitions: int) -> None:
                     ],
                 }
             )
-        elif mid not in published[p]:
-            published[p].add(mid)
+        elif mid not in published:
+            published.add(mid)
             outs.append(
                 {
                     "topic": f"{name}-out",
                     "value": value,
-                    "partition": p,
+                    "partition": owner_reference(mid, partitions),
                     "timestamp": now,
                     "headers": [(ID_HEADER, mid)],
                 }
@@ -150,7 +151,7 @@ def _flush(
     outs.clear()
 
 
-def job(bootstrap: str, name: str, report: Path) -> reconcile.AuditJob:
+def job(bootstrap: str, name: str, report: Path, partitions: int) -> reconcile.AuditJob:
     return reconcile.AuditJob(
         pipeline=name,
         namespace="bench",
@@ -164,10 +165,13 @@ def job(bootstrap: str, name: str, report: Path) -> reconcile.AuditJob:
         audit_range=audit.AuditRange(),
         report_dir=str(report),
         consumer_group=None,
+        workers=partitions,
     )
 
 
-def run_spark(spark: Any, bootstrap: str, name: str, report: Path) -> dict[str, Any]:
+def run_spark(
+    spark: Any, bootstrap: str, name: str, report: Path, partitions: int
+) -> dict[str, Any]:
     src = KafkaSource(bootstrap)
     start = time.perf_counter()
     for suffix in ("in", "out"):
@@ -177,7 +181,7 @@ def run_spark(spark: Any, bootstrap: str, name: str, report: Path) -> dict[str, 
     read_topic(spark, src, f"{name}-dlq").write.format("noop").mode("overwrite").save()
     reading = time.perf_counter() - start
     start = time.perf_counter()
-    summary = reconcile.run(spark, job(bootstrap, name, report))
+    summary = reconcile.run(spark, job(bootstrap, name, report, partitions))
     total = time.perf_counter() - start
     return {"reading_s": reading, "total_s": total, "totals": summary["totals"]}
 
@@ -199,9 +203,9 @@ def plain_digest(
 
 def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
     start = time.perf_counter()
-    inputs: dict[int, list[audit.InputRecord]] = defaultdict(list)
-    outputs: dict[int, list[audit.OutputRecord]] = defaultdict(list)
-    dead: dict[int, list[audit.DeadLetter]] = defaultdict(list)
+    inputs: list[audit.InputRecord] = []
+    outputs: list[audit.OutputRecord] = []
+    dead: list[audit.DeadLetter] = []
     for msg in _read(kafka, f"{name}-in", partitions):
         digest = plain_digest(msg.key(), msg.value(), msg.headers())
         try:
@@ -210,10 +214,13 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
                 msg.timestamp()[1],
                 extract_id(SPEC, msg.key(), msg.value(), msg.headers()),
                 digest=digest,
+                partition=msg.partition(),
             )
         except InvalidRecord as bad:
-            rec = audit.InputRecord(msg.offset(), msg.timestamp()[1], None, bad.reason, digest)
-        inputs[msg.partition()].append(rec)
+            rec = audit.InputRecord(
+                msg.offset(), msg.timestamp()[1], None, bad.reason, digest, msg.partition()
+            )
+        inputs.append(rec)
     for msg in _read(kafka, f"{name}-out", partitions):
         headers = msg.headers()
         own = headers[:-1] if headers and headers[-1][0] == ID_HEADER else headers
@@ -221,33 +228,34 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
             mid: str | None = extract_id(SPEC, msg.key(), msg.value(), headers)
         except InvalidRecord:
             mid = None
-        outputs[msg.partition()].append(
+        outputs.append(
             audit.OutputRecord(
-                msg.offset(), msg.timestamp()[1], mid, plain_digest(msg.key(), msg.value(), own)
+                msg.offset(),
+                msg.timestamp()[1],
+                mid,
+                plain_digest(msg.key(), msg.value(), own),
+                msg.partition(),
             )
         )
     for msg in _read(kafka, f"{name}-dlq", partitions):
         headers = {k: v for k, v in msg.headers() or []}
         origin = int(headers[DLQ_PARTITION] or b"-1")
         reason = (headers.get(DLQ_REASON) or b"").decode() or None
-        dead[origin].append(
-            audit.DeadLetter(int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason)
+        dead.append(
+            audit.DeadLetter(int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason, origin)
         )
     reading = time.perf_counter() - start
-    parts = []
-    for p in range(partitions):
-        result = audit.audit_partition(
-            p,
-            sorted(inputs[p]),
-            sorted(outputs[p]),
-            dead[p],
-            audit_range=audit.AuditRange(),
-            window_ms=WINDOW_MS,
-            slack_ms=WINDOW_MS // 4,
-        )
-        parts.append(result.totals())
+    result = audit.audit_records(
+        inputs,
+        outputs,
+        dead,
+        workers=partitions,
+        audit_range=audit.AuditRange(),
+        window_ms=WINDOW_MS,
+        slack_ms=WINDOW_MS // 4,
+    )
     total = time.perf_counter() - start
-    return {"reading_s": reading, "total_s": total, "totals": audit.add_totals(parts)}
+    return {"reading_s": reading, "total_s": total, "totals": result.totals()}
 
 
 def _read(kafka: KafkaBroker, topic: str, partitions: int) -> Iterator[Any]:
@@ -288,7 +296,7 @@ def main() -> int:
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_pod:
-        return in_pod(args.bootstrap, args.name, args.executors)
+        return in_pod(args.bootstrap, args.name, args.executors, args.partitions)
 
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-reconcile-")))
@@ -304,12 +312,12 @@ def main() -> int:
                 print(f"  plain python: {baseline['total_s']:.1f}s", flush=True)
             for master in args.masters:
                 if master == "k8s":
-                    ours = on_cluster(stack, kafka, name, args.executors)
+                    ours = on_cluster(stack, kafka, name, args.executors, args.partitions)
                     master = f"k8s, {args.executors} executor pods"
                 else:
                     spark = _session(master, work)
                     try:
-                        ours = timed_runs(spark, kafka.bootstrap, name, work)
+                        ours = timed_runs(spark, kafka.bootstrap, name, work, args.partitions)
                     finally:
                         spark.stop()
                 print(
@@ -329,11 +337,13 @@ def main() -> int:
 TIMED_RUNS = 3
 
 
-def timed_runs(spark: Any, bootstrap: str, name: str, work: Path) -> dict[str, Any]:
+def timed_runs(
+    spark: Any, bootstrap: str, name: str, work: Path, partitions: int
+) -> dict[str, Any]:
     """A first run (a cold JVM: JIT, Python workers), then TIMED_RUNS; the median one."""
-    cold = spark_run(spark, bootstrap, name, work)
+    cold = spark_run(spark, bootstrap, name, work, partitions)
     runs = sorted(
-        (spark_run(spark, bootstrap, name, work) for _ in range(TIMED_RUNS)),
+        (spark_run(spark, bootstrap, name, work, partitions) for _ in range(TIMED_RUNS)),
         key=lambda r: float(r["total_s"]),
     )
     median = runs[len(runs) // 2]
@@ -344,15 +354,17 @@ def timed_runs(spark: Any, bootstrap: str, name: str, work: Path) -> dict[str, A
     }
 
 
-def spark_run(spark: Any, bootstrap: str, name: str, work: Path) -> dict[str, Any]:
-    return run_spark(spark, bootstrap, name, work / f"report-{uuid.uuid4().hex[:6]}")
+def spark_run(spark: Any, bootstrap: str, name: str, work: Path, partitions: int) -> dict[str, Any]:
+    return run_spark(spark, bootstrap, name, work / f"report-{uuid.uuid4().hex[:6]}", partitions)
 
 
 RESULT_MARK = "BENCH-RESULT "
 _cluster: dict[str, Any] = {}
 
 
-def on_cluster(stack: ExitStack, kafka: KafkaBroker, name: str, executors: int) -> dict[str, Any]:
+def on_cluster(
+    stack: ExitStack, kafka: KafkaBroker, name: str, executors: int, partitions: int
+) -> dict[str, Any]:
     """The same runs in a driver pod on the local cluster, with executor pods."""
     from kubernetes import client
 
@@ -371,6 +383,7 @@ def on_cluster(stack: ExitStack, kafka: KafkaBroker, name: str, executors: int) 
     command = [
         "python", str(Path(__file__).resolve()), "--in-pod",
         "--name", name, "--bootstrap", kafka.bootstrap, "--executors", str(executors),
+        "--partitions", str(partitions),
     ]  # fmt: skip
     pod = driver_pod(f"bench-{uuid.uuid4().hex[:8]}", command, _cluster["account"])
     phase, log, watch = run_driver(cluster, api, "bench", pod, timeout_s=3600)
@@ -382,7 +395,7 @@ def on_cluster(stack: ExitStack, kafka: KafkaBroker, name: str, executors: int) 
     return result
 
 
-def in_pod(bootstrap: str, name: str, executors: int) -> int:
+def in_pod(bootstrap: str, name: str, executors: int, partitions: int) -> int:
     """(In the driver pod.) Warm-up run, timed run, result on one line."""
     from dedup_local.spark_pods import PROJECT_IMAGE
     from dedup_spark.session import SparkSettings, spark_session
@@ -400,7 +413,7 @@ def in_pod(bootstrap: str, name: str, executors: int) -> int:
     )
     try:
         work = Path("/reports")
-        result = timed_runs(spark, bootstrap, name, work)
+        result = timed_runs(spark, bootstrap, name, work, partitions)
     finally:
         spark.stop()
     print(RESULT_MARK + json.dumps(result), flush=True)

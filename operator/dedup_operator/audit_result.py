@@ -5,7 +5,7 @@ pipeline") into the ConfigMap `P-reconciliation`. Each pass the operator reads i
 when its `finishedAt` is newer than `status.lastReconciliation.time`, takes it over:
 `status.lastReconciliation` {time, passed, checked (= totals.input), duplicates, missing,
 unexpected, orderViolations, runId, reportRef {configMap}; missingDeadLetters,
-contentMismatches and unverifiable when the summary has them}, one Event
+contentMismatches, unverifiable and misplaced when the summary has them}, one Event
 (ReconciliationPassed / ReconciliationFailed) and the metrics. The condition
 `ReconciliationHealthy` is derived from `lastReconciliation` on every pass, so it stays
 as long as the pipeline has a reconciliation. Under the Spark operator the state of the
@@ -87,7 +87,8 @@ def last_reconciliation(summary: Mapping[str, Any], configmap: str) -> dict[str,
     # Counts newer audits report (older summaries lack them): invalid input with no dead
     # letter and output whose contents changed (both fail the audit); input retention
     # deleted before it could be checked (fails it unless run with --unverifiable warn).
-    for name in ("missingDeadLetters", "contentMismatches", "unverifiable"):
+    # Under ownership: publications not on their id's owner's partition (fail it too).
+    for name in ("missingDeadLetters", "contentMismatches", "unverifiable", "misplaced"):
         if name in totals:
             last[name] = int(totals[name])
     if summary.get("report"):
@@ -107,8 +108,10 @@ def _dead_letters(last: Mapping[str, Any]) -> str:
     n = int(last.get("missingDeadLetters") or 0)
     changed = int(last.get("contentMismatches") or 0)
     blind = int(last.get("unverifiable") or 0)
+    misplaced = int(last.get("misplaced") or 0)
     return (
-        (f", {n} invalid records without a dead letter" if n else "")
+        (f", {misplaced} published on another owner's partition" if misplaced else "")
+        + (f", {n} invalid records without a dead letter" if n else "")
         + (f", {changed} published with changed contents" if changed else "")
         + (f", {blind} unverifiable (deleted by retention)" if blind else "")
     )

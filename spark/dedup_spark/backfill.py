@@ -3,10 +3,17 @@
 `dedup-backfill run` replays history: the records of an input topic (per-partition
 offset ranges, or all) or of Parquet files (columns `partition INT, offset BIGINT,
 timestamp_ms BIGINT, key BINARY, value BINARY, headers ARRAY<STRUCT<key STRING, value
-BINARY>>`), deduplicated with the worker's semantics (`first_occurrences`):
+BINARY>>`), deduplicated with the semantics of the workers under ownership (`by_owner`):
 
-* the records of a partition, in offset order, are cut into batches of `--batch-size`
-  (default 1) and each batch decided as the worker decides one
+* each valid record goes to the worker that owns its id (`dedup_worker.ownership`,
+  `owner(id) = murmur2(id) % --workers`), whatever its input partition; a record without
+  a valid id stays with the worker that reads its partition (`partition % workers`);
+* each worker's records are met as a worker meets its sources: every input partition's
+  in offset order, the partitions interleaved by timestamp (a merge of the ordered
+  partitions; which of two partitions a live worker reads first is not defined, so only
+  this per-partition order is the same);
+* they are cut into batches of `--batch-size` (default 1) and each batch decided as the
+  worker decides one
   (`dedup_worker.batch.triage`, imported): a record without a valid id becomes a dead
   letter with the worker's reason and headers; a repeat inside the batch is dropped;
   an id the window holds is dropped; the rest is published;
@@ -15,14 +22,17 @@ BINARY>>`), deduplicated with the worker's semantics (`first_occurrences`):
   are recorded at the newest timestamp seen so far (generations between W and
   1.25 W) and expired, oldest generation first, by duration and by `--window-max-keys`;
 * a published record keeps its key, value, headers and timestamp, gains the `dedup.id`
-  header, and goes to the same partition number, as the worker's output does.
+  header, and goes to output partition `owner(id)`, as the workers' output does. So each
+  id is published once overall (per window), by its owner.
 
-The one difference from a running worker: its batches are what each poll returned (up
-to its `batchSize`), the backfill's are fixed. Where the window expires inside the data,
-a repeat of an id close to its expiry (between W and 1.25 W after it was recorded, or
-when a `maxKeys` drop falls between two batches differently) can then be decided
-differently. With the same batches (a worker with `batchSize: 1`, or any batching
-while nothing expires) the two agree record for record (tests/integration/test_backfill.py).
+The differences from running workers: their batches are what each poll returned (up to
+`batchSize`), the backfill's are fixed; and where an id occurs on several input
+partitions, which occurrence a live owner meets first is not defined. So the backfill
+and the workers publish the same set of ids, each on its owner's partition, but not
+necessarily the same occurrence of an id seen on two partitions, nor (where the window
+expires inside the data: a repeat near an id's expiry, between W and 1.25 W after it was
+recorded, or across a `maxKeys` drop) always the same decision for it. Their agreement
+is tested as equal sets of published ids (tests/integration/test_backfill.py).
 
 Output goes to a topic, each partition in one Kafka transaction written from the
 executor that computed it (read_committed readers see a partition all or nothing;
@@ -44,6 +54,7 @@ Exit codes: 0 done, 2 could not run (one log line says why).
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import sys
@@ -57,8 +68,9 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from dedup_spark.source import KafkaSource, SourceError, parse_settings, read_topic, with_header
 from dedup_worker.batch import Headers, Record, dead_letter_headers, triage
 from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, id_key
+from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, InvalidRecord, extract_id, id_key
 from dedup_worker.logs import configure
+from dedup_worker.ownership import owner
 from dedup_worker.store import Store, StoreConfig, StoreError, StoreOwner
 from dedup_worker.window import WindowPolicy, WindowState
 
@@ -86,6 +98,7 @@ class SourceRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Headers | None
+    partition: int = 0  # of the input
 
 
 class Published(NamedTuple):
@@ -111,8 +124,8 @@ def first_occurrences(
     batch_size: int = 1,
     generations: int = StoreConfig.generations,
 ) -> tuple[list[Published], list[Rejected]]:
-    """One partition's records (offset order) -> what the worker publishes, and its dead
-    letters (module docstring). `window` None: ids never expire."""
+    """One worker's records, in the order it meets them -> what it publishes, and its
+    dead letters (module docstring). `window` None: ids never expire."""
     if batch_size < 1:
         raise ValueError(f"the batch size must be at least 1, not {batch_size}")
     published: list[Published] = []
@@ -120,7 +133,9 @@ def first_occurrences(
     held: set[bytes] | WindowState = set() if window is None else WindowState(window, generations)
     now_ms = 0
     batch: list[Record] = []
-    sources: dict[int, SourceRecord] = {}
+    sources: dict[
+        int, SourceRecord
+    ] = {}  # by place in the stream (offsets repeat across partitions)
 
     def decide() -> None:
         nonlocal now_ms
@@ -139,14 +154,58 @@ def first_occurrences(
         batch.clear()
         sources.clear()
 
-    for rec in records:
-        batch.append(Record(rec.offset, rec.key, rec.value, rec.headers, rec.timestamp_ms))
-        sources[rec.offset] = rec
+    for n, rec in enumerate(records):
+        batch.append(Record(n, rec.key, rec.value, rec.headers, rec.timestamp_ms))
+        sources[n] = rec
         if len(batch) >= batch_size:
             decide()
     if batch:
         decide()
     return published, rejected
+
+
+def owner_of(rec: SourceRecord, spec: IdSpec, workers: int) -> int:
+    """The worker that decides a record: its id's owner, or, without a valid id, the
+    worker that reads its input partition (it dead-letters it)."""
+    try:
+        message_id = extract_id(spec, rec.key, rec.value, rec.headers)
+    except InvalidRecord:
+        return rec.partition % workers
+    return owner(message_id, workers)
+
+
+def met_order(records: Iterable[SourceRecord]) -> list[SourceRecord]:
+    """Records of several input partitions in an order a worker may meet them: each
+    partition in offset order, partitions interleaved by timestamp (ties: partition)."""
+    runs: dict[int, list[SourceRecord]] = {}
+    for rec in records:
+        runs.setdefault(rec.partition, []).append(rec)
+    ordered = [sorted(run, key=lambda r: r.offset) for _, run in sorted(runs.items())]
+    return list(heapq.merge(*ordered, key=lambda r: (r.timestamp_ms, r.partition)))
+
+
+def by_owner(
+    records: Iterable[SourceRecord],
+    spec: IdSpec,
+    window: WindowPolicy | None,
+    *,
+    workers: int,
+    batch_size: int = 1,
+    generations: int = StoreConfig.generations,
+) -> dict[int, tuple[list[Published], list[Rejected]]]:
+    """Records of any input partitions -> per worker, what it publishes (to output
+    partition `worker`) and its dead letters (module docstring)."""
+    if workers < 1:
+        raise ValueError(f"workers must be positive, not {workers}")
+    mine: dict[int, list[SourceRecord]] = {}
+    for rec in records:
+        mine.setdefault(owner_of(rec, spec, workers), []).append(rec)
+    return {
+        w: first_occurrences(
+            met_order(recs), spec, window, batch_size=batch_size, generations=generations
+        )
+        for w, recs in sorted(mine.items())
+    }
 
 
 # --- the job -----------------------------------------------------------------------------
@@ -166,9 +225,12 @@ class BackfillJob:
     origin_topic: str  # named in dead letters' origin header
     run_id: str
     batch_size: int = 1
+    workers: int | None = None  # the pipeline's spec.partitions (required to run)
 
 
 RESULT_SCHEMA: Final = "partition INT, published BIGINT, dead_letters BIGINT, last_offset BIGINT"
+"""Per input partition of a worker's group: how many of its records the worker published
+and dead-lettered, and its last offset there (summed, and maximised, over workers)."""
 
 
 def records_frame(spark: SparkSession, job: BackfillJob) -> DataFrame:
@@ -180,21 +242,40 @@ def records_frame(spark: SparkSession, job: BackfillJob) -> DataFrame:
 
 
 def run(spark: SparkSession, job: BackfillJob) -> dict[int, dict[str, int]]:
-    """Deduplicate per partition in Spark and write the result; per-partition counts."""
-    frame = records_frame(spark, job)
+    """Deduplicate per owner in Spark and write the result; counts per input partition."""
+    if job.workers is None or job.workers < 1:
+        raise BackfillError(
+            "--workers is required: the pipeline's spec.partitions, which decides each id's owner"
+        )
+    frame = with_owner(records_frame(spark, job), job.id_spec, job.workers)
     if job.output_dir:
         return _to_files(frame, job)
     return _to_topic(frame, job)
 
 
-def _partition_records(table: pa.Table) -> tuple[int, list[SourceRecord]]:
-    table = table.sort_by([("offset", "ascending")])
-    partition = int(table.column("partition")[0].as_py())
+def with_owner(records: DataFrame, spec: IdSpec, workers: int) -> DataFrame:
+    """`records` plus `owner`: the worker that decides each (`owner_of`)."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    schema = StructType([*records.schema.fields, StructField("owner", IntegerType())])
+
+    def owners_of(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for batch in batches:
+            recs = _source_records(pa.Table.from_batches([batch]))
+            column = pa.array([owner_of(r, spec, workers) for r in recs], pa.int32())
+            yield batch.append_column("owner", column)
+
+    return records.mapInArrow(owners_of, schema)
+
+
+def _source_records(table: pa.Table) -> list[SourceRecord]:
     headers = [
         None if hs is None else [(h["key"], h["value"]) for h in hs]
         for hs in table.column("headers").to_pylist()
     ]
-    records = list(
+    return list(
         map(
             SourceRecord._make,
             zip(
@@ -203,15 +284,51 @@ def _partition_records(table: pa.Table) -> tuple[int, list[SourceRecord]]:
                 table.column("key").to_pylist(),
                 table.column("value").to_pylist(),
                 headers,
+                table.column("partition").to_pylist(),
                 strict=True,
             ),
         )
     )
-    return partition, records
+
+
+def _owner_records(table: pa.Table) -> tuple[int, list[SourceRecord]]:
+    """One worker's group: its number, and its records in the order it meets them."""
+    return int(table.column("owner")[0].as_py()), met_order(_source_records(table))
+
+
+def _result_rows(
+    records: Sequence[SourceRecord], published: Sequence[Published], rejected: Sequence[Rejected]
+) -> list[dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        row = rows.setdefault(
+            rec.partition,
+            {"partition": rec.partition, "published": 0, "dead_letters": 0, "last_offset": -1},
+        )
+        row["last_offset"] = max(row["last_offset"], rec.offset)
+    for item in published:
+        rows[item.record.partition]["published"] += 1
+    for dead in rejected:
+        rows[dead.record.partition]["dead_letters"] += 1
+    return [rows[p] for p in sorted(rows)]
+
+
+def _summed(rows: Iterable[Any], *, offsets: bool = True) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = {}
+    for r in rows:
+        entry = out.setdefault(
+            int(r["partition"]),
+            {"published": 0, "deadLetters": 0, **({"lastOffset": -1} if offsets else {})},
+        )
+        entry["published"] += int(r["published"])
+        entry["deadLetters"] += int(r["dead_letters"])
+        if offsets:
+            entry["lastOffset"] = max(entry["lastOffset"], int(r["last_offset"]))
+    return out
 
 
 def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
-    assert job.kafka is not None and job.output_topic is not None
+    assert job.kafka is not None and job.output_topic is not None and job.workers is not None
     settings = {
         "bootstrap.servers": job.kafka.bootstrap_servers,
         **job.kafka.settings,
@@ -225,41 +342,31 @@ def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
         import pyarrow as pa
         from confluent_kafka import Producer
 
-        partition, records = _partition_records(table)
+        worker, records = _owner_records(table)
         published, rejected = first_occurrences(records, spec, window, batch_size=size)
         if rejected and not dead_topic:
             raise BackfillError(
-                f"partition {partition}: {len(rejected)} records without a valid id and no "
+                f"worker {worker}: {len(rejected)} records without a valid id and no "
                 "--dead-letter-topic"
             )
-        producer = Producer(
-            {**settings, "transactional.id": f"dedup-backfill/{run_id}/p{partition}"}
-        )
+        producer = Producer({**settings, "transactional.id": f"dedup-backfill/{run_id}/w{worker}"})
         producer.init_transactions(60)
         producer.begin_transaction()
         for item in published:
-            _produce(
-                producer,
-                output,
-                item.record,
-                item.headers(),
-                partition,
-            )
+            _produce(producer, output, item.record, item.headers(), worker)
         for dead in rejected:
             headers = dead_letter_headers(
-                dead.record.headers, dead.reason, dead.detail, origin, partition, dead.record.offset
+                dead.record.headers,
+                dead.reason,
+                dead.detail,
+                origin,
+                dead.record.partition,
+                dead.record.offset,
             )
             _produce(producer, dead_topic or "", dead.record, headers, None)
         producer.commit_transaction(120)
         return pa.Table.from_pylist(
-            [
-                {
-                    "partition": partition,
-                    "published": len(published),
-                    "dead_letters": len(rejected),
-                    "last_offset": records[-1].offset if records else -1,
-                }
-            ],
+            _result_rows(records, published, rejected),
             schema=pa.schema(
                 [
                     ("partition", pa.int32()),
@@ -270,15 +377,8 @@ def _to_topic(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
             ),
         )
 
-    rows = frame.groupBy("partition").applyInArrow(publish, RESULT_SCHEMA).collect()
-    return {
-        int(r["partition"]): {
-            "published": int(r["published"]),
-            "deadLetters": int(r["dead_letters"]),
-            "lastOffset": int(r["last_offset"]),
-        }
-        for r in rows
-    }
+    rows = frame.groupBy("owner").applyInArrow(publish, RESULT_SCHEMA).collect()
+    return _summed(rows)
 
 
 def _produce(
@@ -302,8 +402,11 @@ def _produce(
 
 OUTPUT_SCHEMA: Final = (
     "kind STRING, partition INT, offset BIGINT, timestamp_ms BIGINT, key BINARY, value BINARY, "
-    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, id STRING, reason STRING"
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, id STRING, reason STRING, "
+    "source_partition INT"
 )
+"""`partition`: the output partition (the owner) of a published record, the input
+partition of a dead letter; `offset` and `source_partition`: where the record was read."""
 
 
 def _to_files(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
@@ -312,31 +415,40 @@ def _to_files(frame: DataFrame, job: BackfillJob) -> dict[int, dict[str, int]]:
     def dedup(table: pa.Table) -> pa.Table:
         import pyarrow as pa
 
-        partition, records = _partition_records(table)
+        worker, records = _owner_records(table)
         published, rejected = first_occurrences(records, spec, window, batch_size=size)
         rows: list[dict[str, Any]] = []
         for item in published:
-            rows.append(_row("published", partition, item.record, item.headers(), item.message_id))
+            rows.append(_row("published", worker, item.record, item.headers(), item.message_id))
         for dead in rejected:
             headers = dead_letter_headers(
-                dead.record.headers, dead.reason, dead.detail, origin, partition, dead.record.offset
+                dead.record.headers,
+                dead.reason,
+                dead.detail,
+                origin,
+                dead.record.partition,
+                dead.record.offset,
             )
-            rows.append(_row("dead_letter", partition, dead.record, headers, None, dead.reason))
+            rows.append(
+                _row("dead_letter", dead.record.partition, dead.record, headers, None, dead.reason)
+            )
         return pa.Table.from_pylist(rows, schema=_output_arrow_schema())
 
-    result = frame.groupBy("partition").applyInArrow(dedup, OUTPUT_SCHEMA).cache()
+    result = frame.groupBy("owner").applyInArrow(dedup, OUTPUT_SCHEMA).cache()
     try:
         out = (job.output_dir or "").rstrip("/")
         published = result.where("kind = 'published'").drop("kind", "reason")
-        published.orderBy("partition", "offset").write.mode("overwrite").parquet(f"{out}/published")
+        published.orderBy("partition", "timestamp_ms", "source_partition", "offset").write.mode(
+            "overwrite"
+        ).parquet(f"{out}/published")
         dead = result.where("kind = 'dead_letter'").drop("kind", "id")
         dead.orderBy("partition", "offset").write.mode("overwrite").parquet(f"{out}/dead_letters")
-        counts = result.groupBy("partition", "kind").count().collect()
+        counts = result.groupBy("source_partition", "kind").count().collect()
     finally:
         result.unpersist()
-    summary: dict[int, dict[str, int]] = {}
+    summary: dict[int, dict[str, int]] = {}  # per input partition, as `run` to a topic
     for row in counts:
-        entry = summary.setdefault(int(row["partition"]), {"published": 0, "deadLetters": 0})
+        entry = summary.setdefault(int(row["source_partition"]), {"published": 0, "deadLetters": 0})
         entry["published" if row["kind"] == "published" else "deadLetters"] = int(row["count"])
     return summary
 
@@ -359,6 +471,7 @@ def _row(
         "headers": [{"key": k, "value": v} for k, v in headers],
         "id": message_id,
         "reason": reason,
+        "source_partition": record.partition,
     }
 
 
@@ -377,6 +490,7 @@ def _output_arrow_schema() -> pa.Schema:
             ("headers", pa.list_(header)),
             ("id", pa.string()),
             ("reason", pa.string()),
+            ("source_partition", pa.int32()),
         ]
     )
 
@@ -501,6 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--input-topic")
     source.add_argument("--input-files", help="Parquet directory (see the module docstring)")
     run_p.add_argument("--offsets", help="P:START-END[,P:START-END] of --input-topic")
+    run_p.add_argument(
+        "--workers",
+        type=int,
+        help="the pipeline's worker count (spec.partitions): each id is published once, by "
+        "its owner murmur2(id) %% workers, to that output partition (required)",
+    )
     run_p.add_argument("--id-source", default="jsonField", choices=list(ID_SOURCES))
     run_p.add_argument("--id-field", default="messageId")
     run_p.add_argument("--window", help="the pipeline's window duration (none: never expire)")
@@ -553,6 +673,10 @@ def job_from_args(args: argparse.Namespace) -> BackfillJob:
         raise BackfillError("--offsets goes with --input-topic")
     if args.batch_size < 1:
         raise BackfillError(f"--batch-size must be at least 1, not {args.batch_size}")
+    if args.workers is None or args.workers < 1:
+        raise BackfillError(
+            "--workers is required: the pipeline's spec.partitions, which decides each id's owner"
+        )
     try:
         return BackfillJob(
             kafka=kafka,
@@ -564,6 +688,7 @@ def job_from_args(args: argparse.Namespace) -> BackfillJob:
             if args.window or args.window_max_keys
             else None,
             batch_size=args.batch_size,
+            workers=args.workers,
             output_topic=args.output_topic,
             dead_letter_topic=args.dead_letter_topic,
             output_dir=args.output_dir,

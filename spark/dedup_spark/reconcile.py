@@ -1,12 +1,17 @@
 """`dedup-reconcile`: the independent, end-to-end audit of a pipeline's exactly-once claim.
 
 Reads the input, output and dead-letter topics with Spark's Kafka source (read
-committed), applies the worker's id rules (`source.packed_ids`), and audits each
-partition with the pure rules of `audit.py` inside Spark (one group, and one task, per
-partition). Writes the findings (Parquet, one row per finding) and `summary.json` (the
-totals and the counts per partition) to `--report-dir`, and the summary into the ConfigMap
-`<pipeline>-reconciliation` (`--configmap`), which the operator reads into the
-pipeline's status.
+committed), and the forwarded records waiting at their owners on the internal topic
+(`--owned-topic`, from the consumer group's committed offsets), applies the worker's id
+rules, and audits with the pure rules of `audit.py` inside Spark under ownership
+(`--workers`, the pipeline's spec.partitions): every record of an id, from any
+partition, goes to one group (`source.id_groups`, the audit's own murmur2), invalid input
+to a group per input partition with its dead letters; then the order of each output
+partition per input partition in a second, small stage. Writes the findings (Parquet,
+one row per finding) and `summary.json` (the totals and the counts per partition: the
+input partition's and the output partition's of that number) to `--report-dir`, and the
+summary into the ConfigMap `<pipeline>-reconciliation` (`--configmap`), which the
+operator reads into the pipeline's status.
 
 Records deleted by retention before the audit read them are reported as `unverifiable`
 (counted, and named by offset in the findings): the audit learns each partition's log
@@ -40,9 +45,10 @@ from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
     SourceError,
+    grouped,
+    grouped_ids,
     ids_schema,
-    packed,
-    packed_ids,
+    ipc_bytes,
     parse_settings,
     read_topic,
     unpack,
@@ -65,11 +71,20 @@ EXIT_FAILED: Final = 1
 EXIT_ERROR: Final = 2
 
 METADATA_TIMEOUT_S: Final = 20
-INPUT, OUTPUT, DEAD = 0, 1, 2
+INPUT, OUTPUT, DEAD, FORWARDED = 0, 1, 2, 3
 COUNTS_KIND: Final = "counts"
+DISTINCT_KIND: Final = "distinct"
+SOURCES_KIND: Final = "sources"
 RESULT_SCHEMA: Final = (
     "partition INT, kind STRING, id STRING, offset BIGINT, timestamp_ms BIGINT, detail STRING"
 )
+GROUP_SCHEMA: Final = RESULT_SCHEMA + ", rows BINARY"
+"""What an audit group returns: findings, `counts` per partition, the group's `distinct`
+ids (in `offset`), and its `sources` per output partition (packed, for the order stage)."""
+ID_HEADER_FORWARDED: Final = "dedup.id"
+ORIGIN_HEADER: Final = "dedup.origin"
+"""The headers a forwarder appends (last) to a record on the internal topic: the id, and
+`<input partition>:<input offset>` of the occurrence it forwards."""
 
 
 class JobError(Exception):
@@ -92,6 +107,8 @@ class AuditJob:
     audit_range: audit.AuditRange
     report_dir: str
     consumer_group: str | None  # None: audit all input, committed or not
+    workers: int  # the pipeline's spec.partitions: owner(id) = murmur2(id) % workers
+    owned_topic: str | None = None  # the internal topic of forwarded records
     configmap: str | None = None
     kubeconfig: str | None = None
     fail_on_unverifiable: bool = True
@@ -111,29 +128,42 @@ class AuditJob:
 @dataclass(frozen=True)
 class InputState:
     """What the audit learns of the topics before it starts: the input's partition count,
-    the pipeline's committed offset per partition (empty without a consumer group), and
-    what retention left of each input and output partition (none listed: nothing
+    the pipeline's committed offset per input partition (empty without a consumer
+    group), per internal-topic partition (empty without `--owned-topic` or a group),
+    and what retention left of each input and output partition (none listed: nothing
     deleted)."""
 
     partitions: int
     committed: dict[int, int] = field(default_factory=dict)
     retention: dict[int, audit.Retention] = field(default_factory=dict)
+    committed_owned: dict[int, int] = field(default_factory=dict)
+
+    def buckets(self, job: AuditJob) -> int:
+        """How many id groups (tasks) the audit uses."""
+        return max(1, job.workers, self.partitions)
 
 
 def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
-    """One row per finding plus one `counts` row per partition (RESULT_SCHEMA)."""
+    """The audit groups' rows (GROUP_SCHEMA): one group per id bucket (all records of
+    its ids, any partition) and one per input partition with invalid input or dead
+    letters."""
     from pyspark.sql import functions as F
 
     since = job.read_since_ms
     offsets = job.audit_range.offsets
-    # Each topic's records packed per partition and Arrow batch (source.packed_ids), so
-    # Spark moves a few hundred binary rows to the audit tasks, not a row per record.
-    inputs = packed_ids(
+    buckets = state.buckets(job)
+    # Each topic's records packed per Arrow batch and audit group (source.grouped_ids),
+    # so Spark moves a few hundred binary rows to the audit tasks, not a row per record.
+    inputs = grouped_ids(
         read_topic(spark, job.kafka, job.input_topic, since_ms=since, offsets=offsets),
         job.id_spec,
+        buckets,
     ).withColumn("kind", F.lit(INPUT))
-    outputs = packed_ids(
-        read_topic(spark, job.kafka, job.output_topic, since_ms=since), job.id_spec, published=True
+    outputs = grouped_ids(
+        read_topic(spark, job.kafka, job.output_topic, since_ms=since),
+        job.id_spec,
+        buckets,
+        published=True,
     ).withColumn("kind", F.lit(OUTPUT))
     frames = [inputs, outputs]
     if job.dead_letter_topic:
@@ -147,114 +177,225 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
             dead = with_header(dead, name, column)
         # Dead letters naming no partition and offset of this input are not its.
         origin = dead.select(
-            "origin_topic",
             F.col("origin_partition").try_cast("int").alias("partition"),
             F.col("origin_offset").try_cast("long").alias("origin_offset"),
             "timestamp_ms",
             "reason",
+            "origin_topic",
         ).where(
             (F.col("origin_topic") == F.lit(job.input_topic))
             & F.col("partition").isNotNull()
             & F.col("origin_offset").isNotNull()
         )
-        frames.append(packed(origin.drop("origin_topic")).withColumn("kind", F.lit(DEAD)))
+        frames.append(
+            grouped(origin.drop("origin_topic"), _PartitionGroup(buckets)).withColumn(
+                "kind", F.lit(DEAD)
+            )
+        )
+    if job.owned_topic and job.consumer_group is not None and state.committed_owned:
+        frames.append(
+            grouped(forwarded_frame(spark, job, state), _IdGroup(buckets)).withColumn(
+                "kind", F.lit(FORWARDED)
+            )
+        )
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
 
-    settings = _PartitionAudit(
+    settings = _GroupAudit(
+        buckets,
+        job.workers,
         job.audit_range,
         job.window_ms,
         job.slack_ms,
-        state.committed,
-        job.consumer_group,
+        state.committed if job.consumer_group is not None else None,
         state.retention,
     )
 
     def audit_group(table: pa.Table) -> pa.Table:  # Spark counts a callable object's `self`
         return settings(table)
 
-    # Each partition in a task of its own (placement.py); records naming a partition the
-    # input does not have get a null slot and are still audited, grouped by partition.
-    slots = max(1, state.partitions)
+    # Each group in a task of its own (placement.py).
+    slots = buckets + max(1, state.partitions)
     slot = F.when(
-        F.col("partition").between(0, slots - 1),
-        F.element_at(F.array(*(F.lit(key) for key in slot_keys(slots))), F.col("partition") + 1),
+        F.col("group").between(0, slots - 1),
+        F.element_at(F.array(*(F.lit(key) for key in slot_keys(slots))), F.col("group") + 1),
     )
     return (
         union.withColumn("slot", slot)
         .repartition(slots, "slot")
-        .groupBy("slot", "partition")
-        .applyInArrow(audit_group, RESULT_SCHEMA)
+        .groupBy("slot", "group")
+        .applyInArrow(audit_group, GROUP_SCHEMA)
+    )
+
+
+def forwarded_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
+    """The internal topic's records at or above the group's committed offset of their
+    partition (forwarded, not yet consumed by their owner), as (id, origin_partition,
+    origin_offset) from their `dedup.id` and `dedup.origin` headers."""
+    from pyspark.sql import functions as F
+
+    assert job.owned_topic is not None
+    starting = {p: (o if o > 0 else -2) for p, o in state.committed_owned.items()}
+    records = read_topic(spark, job.kafka, job.owned_topic, starting=starting)
+    records = with_header(records, ID_HEADER_FORWARDED, "id")
+    records = with_header(records, ORIGIN_HEADER, "origin")
+    parts = F.split(F.col("origin"), ":")
+    return records.select(
+        "id",
+        F.element_at(parts, 1).try_cast("int").alias("origin_partition"),
+        F.element_at(parts, 2).try_cast("long").alias("origin_offset"),
+    ).where(
+        F.col("id").isNotNull()
+        & F.col("origin_partition").isNotNull()
+        & F.col("origin_offset").isNotNull()
     )
 
 
 @dataclass(frozen=True)
-class _PartitionAudit:
-    """The per-partition function Spark runs (pickled to the executors)."""
+class _IdGroup:
+    """The audit group of rows with an `id` (forwarded records)."""
 
+    buckets: int
+
+    def __call__(self, batch: pa.RecordBatch) -> Any:
+        from dedup_spark.murmur2 import owners
+
+        return owners(batch.column(batch.schema.get_field_index("id")), self.buckets)
+
+
+@dataclass(frozen=True)
+class _PartitionGroup:
+    """The audit group of rows naming an input partition (dead letters)."""
+
+    buckets: int
+
+    def __call__(self, batch: pa.RecordBatch) -> Any:
+        column = batch.column(batch.schema.get_field_index("partition"))
+        return self.buckets + column.to_numpy(zero_copy_only=False)
+
+
+@dataclass(frozen=True)
+class _GroupAudit:
+    """The function Spark runs per audit group (pickled to the executors)."""
+
+    buckets: int
+    workers: int
     audit_range: audit.AuditRange
     window_ms: int
     slack_ms: int
-    committed: dict[int, int]
-    consumer_group: str | None
+    committed: dict[int, int] | None
     retention: dict[int, audit.Retention] = field(default_factory=dict)
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        """`table`: one partition's packed rows (source.PACKED_SCHEMA) with their `kind`."""
+        """`table`: one group's packed rows (source.GROUPED_SCHEMA) with their `kind`."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         if table.num_rows == 0:
-            return pa.Table.from_pylist([], schema=_result_schema())
-        partition = int(table.column("partition")[0].as_py())
+            return pa.Table.from_pylist([], schema=_group_schema())
+        group = int(table.column("group")[0].as_py())
         kinds = table.column("kind")
 
-        def of_kind(kind: int, schema: pa.Schema, offset: str) -> pa.Table:
+        def of_kind(kind: int, schema: pa.Schema) -> pa.Table:
             rows = table.filter(pc.equal(kinds, kind)).column("rows")
-            return unpack(rows, schema).sort_by(offset)
+            return unpack(rows, schema)
 
-        committed = self.committed.get(partition, 0) if self.consumer_group is not None else None
-        result = audit.audit_columns(
-            partition,
-            audit.PartitionColumns.of_tables(
-                of_kind(INPUT, ids_schema(), "offset"),
-                of_kind(OUTPUT, ids_schema(), "offset"),
-                of_kind(DEAD, _dead_schema(), "origin_offset"),
-            ),
-            audit_range=self.audit_range,
-            window_ms=self.window_ms,
-            slack_ms=self.slack_ms,
-            committed_offset=committed,
-            retention=self.retention.get(partition),
-        )
-        rows = [
-            {
-                "partition": partition,
-                "kind": f.kind,
-                "id": f.id,
-                "offset": f.offset,
-                "timestamp_ms": f.timestamp_ms,
-                "detail": f.detail,
+        rows: list[dict[str, Any]] = []
+        if group < self.buckets:
+            result, sources = audit.audit_ids(
+                audit.IdColumns.of_tables(
+                    of_kind(INPUT, ids_schema()),
+                    of_kind(OUTPUT, ids_schema()),
+                    of_kind(FORWARDED, _forwarded_schema()),
+                ),
+                workers=self.workers,
+                audit_range=self.audit_range,
+                window_ms=self.window_ms,
+                slack_ms=self.slack_ms,
+                committed=self.committed,
+                retention=self.retention,
+            )
+            rows.append(_row(None, DISTINCT_KIND, offset=result.distinct_ids))
+            out_part = sources.column("partition")
+            for p in pc.unique(out_part).to_pylist():
+                part = sources.filter(pc.equal(out_part, p))
+                rows.append(_row(p, SOURCES_KIND, rows=ipc_bytes(part)))
+        else:
+            partition = group - self.buckets
+            inputs = of_kind(INPUT, ids_schema())
+            inputs = inputs.filter(pc.is_null(inputs.column("id"))).sort_by("offset")
+            result = audit.audit_invalid(
+                partition,
+                inputs,
+                of_kind(DEAD, _dead_schema()),
+                audit_range=self.audit_range,
+                committed_offset=None
+                if self.committed is None
+                else self.committed.get(partition, 0),
+            )
+        rows.extend(_finding_row(f) for f in result.findings)
+        for p in sorted(set(result.counts) | set(result.by_reason)):
+            counts = {
+                **{k: int(v) for k, v in result.counts.get(p, {}).items()},
+                "deadLetteredByReason": dict(result.by_reason.get(p, {})),
             }
-            for f in result.findings
-        ]
-        counts = {
-            **result.totals(),
-            "deadLetteredByReason": dict(result.dead_lettered_by_reason),
-            "committedOffset": committed,
-        }
-        rows.append(
-            {
-                "partition": partition,
-                "kind": COUNTS_KIND,
-                "id": None,
-                "offset": None,
-                "timestamp_ms": None,
-                "detail": json.dumps(counts, sort_keys=True),
-            }
-        )
-        return pa.Table.from_pylist(rows, schema=_result_schema())
+            rows.append(_row(p, COUNTS_KIND, detail=json.dumps(counts, sort_keys=True)))
+        return pa.Table.from_pylist(rows, schema=_group_schema())
+
+
+def _order_group(table: pa.Table) -> pa.Table:
+    """The order stage: one output partition's sources -> its order violations."""
+    import pyarrow as pa
+
+    sources = unpack(table.column("rows"), audit.SOURCES_SCHEMA)
+    found = audit.order_violations(sources)
+    return pa.Table.from_pylist([_finding_row(f) for f in found], schema=_result_schema())
+
+
+def _row(
+    partition: int | None,
+    kind: str,
+    *,
+    offset: int | None = None,
+    detail: str | None = None,
+    rows: bytes | None = None,
+) -> dict[str, Any]:
+    return {
+        "partition": partition,
+        "kind": kind,
+        "id": None,
+        "offset": offset,
+        "timestamp_ms": None,
+        "detail": detail,
+        "rows": rows,
+    }
+
+
+def _finding_row(f: audit.Finding) -> dict[str, Any]:
+    return {
+        "partition": f.partition,
+        "kind": f.kind,
+        "id": f.id,
+        "offset": f.offset,
+        "timestamp_ms": f.timestamp_ms,
+        "detail": f.detail,
+        "rows": None,
+    }
+
+
+def _forwarded_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [("id", pa.string()), ("origin_partition", pa.int32()), ("origin_offset", pa.int64())]
+    )
+
+
+def _group_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return _result_schema().append(pa.field("rows", pa.binary()))
 
 
 def _dead_schema() -> pa.Schema:
@@ -291,10 +432,16 @@ def summarize(
     partition_counts: Mapping[int, Mapping[str, Any]],
     started: datetime,
     finished: datetime,
+    distinct: int | None = None,
 ) -> dict[str, Any]:
-    """The JSON summary (CONTRACTS.md) from the per-partition `counts` rows."""
-    parts = [{"partition": p, **partition_counts[p]} for p in sorted(partition_counts)]
-    totals = audit.add_totals(parts)
+    """The JSON summary (CONTRACTS.md) from the per-partition counts (partition `p`: the
+    input partition's and the output partition's counts) and the distinct ids across
+    partitions."""
+    parts = [
+        {"partition": p, **audit.totals_of(partition_counts[p]), **_extras(partition_counts[p])}
+        for p in sorted(partition_counts)
+    ]
+    totals = audit.add_totals(parts, distinct=distinct)
     by_reason: dict[str, int] = {}
     for part in parts:
         for reason, n in part.get("deadLetteredByReason", {}).items():
@@ -316,6 +463,7 @@ def summarize(
             else {str(p): list(b) for p, b in sorted(rng.offsets.items())},
         },
         "window": {"ms": job.window_ms, "slackMs": job.slack_ms},
+        "ownership": {"workers": job.workers, "ownedTopic": job.owned_topic},
         "consumerGroup": job.consumer_group,
         "totals": totals,
         "deadLetteredByReason": dict(sorted(by_reason.items())),
@@ -324,21 +472,86 @@ def summarize(
     }
 
 
+def _extras(counts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in counts.items() if k not in audit.COUNT_NAMES}
+
+
 def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
     """Audit, write the report, and return the summary. `state`: from
     `input_state(job)`, read here if not given."""
+    from pyspark.sql import functions as F
+
     started = datetime.now(UTC)
     if state is None:
         state = input_state(job)
     result = audit_frame(spark, job, state).cache()
     try:
-        counts_rows = result.where(f"kind = '{COUNTS_KIND}'").collect()
-        findings = result.where(f"kind != '{COUNTS_KIND}'")
-        write_findings(spark, findings, f"{job.report_dir.rstrip('/')}/findings")
+        kind = F.col("kind")
+        counts_rows = result.where(kind.isin(COUNTS_KIND, DISTINCT_KIND)).collect()
+        ordered = (
+            result.where(kind == F.lit(SOURCES_KIND))
+            .select("partition", "rows")
+            .repartition(max(1, job.workers), "partition")
+            .groupBy("partition")
+            .applyInArrow(_order_group, RESULT_SCHEMA)
+        )
+        # Retention's deleted input spans, decided here (a partition may have no group).
+        lost = audit.AuditResult()
+        for p in sorted(state.retention):
+            lost.merge(audit.lost_input(p, state.retention[p], job.audit_range))
+        findings = (
+            result.where(~kind.isin(COUNTS_KIND, DISTINCT_KIND, SOURCES_KIND))
+            .drop("rows")
+            .unionByName(ordered)
+            .unionByName(
+                spark.createDataFrame(
+                    [_finding_row(f) for f in lost.findings], RESULT_SCHEMA + ", rows BINARY"
+                ).drop("rows")
+            )
+            .cache()
+        )
+        try:
+            write_findings(spark, findings, f"{job.report_dir.rstrip('/')}/findings")
+            order_counts = (
+                findings.where(kind == F.lit(audit.ORDER_VIOLATION))
+                .groupBy("partition")
+                .count()
+                .collect()
+            )
+        finally:
+            findings.unpersist()
     finally:
         result.unpersist()
-    partition_counts = {int(r["partition"]): json.loads(r["detail"]) for r in counts_rows}
-    summary = summarize(job, partition_counts, started, datetime.now(UTC))
+    partition_counts: dict[int, dict[str, Any]] = {}
+    distinct = 0
+
+    def counts_of(p: int) -> dict[str, Any]:
+        return partition_counts.setdefault(p, {"deadLetteredByReason": {}})
+
+    for row in counts_rows:
+        if row["kind"] == DISTINCT_KIND:
+            distinct += int(row["offset"])
+            continue
+        got = json.loads(row["detail"])
+        mine = counts_of(int(row["partition"]))
+        for reason, n in got.pop("deadLetteredByReason", {}).items():
+            by_reason = mine["deadLetteredByReason"]
+            by_reason[reason] = by_reason.get(reason, 0) + int(n)
+        for name, n in got.items():
+            mine[name] = mine.get(name, 0) + int(n)
+    for row in order_counts:
+        mine = counts_of(int(row["partition"]))
+        mine["orderViolations"] = mine.get("orderViolations", 0) + int(row["count"])
+    for p, counts in lost.counts.items():
+        mine = counts_of(p)
+        for name, n in counts.items():
+            mine[name] = mine.get(name, 0) + int(n)
+    for p in range(state.partitions):
+        counts_of(p)
+    if job.consumer_group is not None:
+        for p, mine in partition_counts.items():
+            mine["committedOffset"] = state.committed.get(p, 0) if p < state.partitions else None
+    summary = summarize(job, partition_counts, started, datetime.now(UTC), distinct)
     write_summary(spark, job.report_dir, summary)
     if job.configmap:
         publish_summary(job, summary)
@@ -360,7 +573,11 @@ def input_state(job: AuditJob) -> InputState:
             "logger": logging.getLogger("librdkafka"),
         }
     )
-    topics = [job.input_topic, job.output_topic, *filter(None, [job.dead_letter_topic])]
+    topics = [
+        job.input_topic,
+        job.output_topic,
+        *filter(None, [job.dead_letter_topic, job.owned_topic]),
+    ]
     try:
         meta = consumer.list_topics(timeout=METADATA_TIMEOUT_S)
         absent = [t for t in topics if t not in meta.topics or meta.topics[t].error is not None]
@@ -369,29 +586,50 @@ def input_state(job: AuditJob) -> InputState:
                 f"topic(s) {', '.join(absent)} not found at {job.kafka.bootstrap_servers}"
             )
         partitions = sorted(meta.topics[job.input_topic].partitions)
-        retention = _retention(consumer, job, partitions)
+        outputs = sorted(meta.topics[job.output_topic].partitions)
+        if len(outputs) < job.workers:
+            raise JobError(
+                f"output topic {job.output_topic} has {len(outputs)} partition(s), fewer "
+                f"than the {job.workers} workers that publish to it"
+            )
+        retention = _retention(consumer, job, partitions, outputs)
         if job.consumer_group is None:
             return InputState(len(partitions), retention=retention)
         wanted = [TopicPartition(job.input_topic, p) for p in partitions]
         got = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
+        owned: dict[int, int] = {}
+        if job.owned_topic:
+            internal = sorted(meta.topics[job.owned_topic].partitions)
+            for tp in consumer.committed(
+                [TopicPartition(job.owned_topic, q) for q in internal], timeout=METADATA_TIMEOUT_S
+            ):
+                owned[tp.partition] = max(0, tp.offset)
     except KafkaException as exc:
         raise JobError(f"Kafka at {job.kafka.bootstrap_servers}: {exc.args[0]}") from None
     finally:
         consumer.close()
-    return InputState(len(partitions), {tp.partition: max(0, tp.offset) for tp in got}, retention)
+    return InputState(
+        len(partitions), {tp.partition: max(0, tp.offset) for tp in got}, retention, owned
+    )
 
 
 def _retention(
-    consumer: Any, job: AuditJob, partitions: Sequence[int]
+    consumer: Any, job: AuditJob, partitions: Sequence[int], outputs: Sequence[int]
 ) -> dict[int, audit.Retention]:
-    """Per partition whose input or output lost records to retention (log start offset
-    above 0): the log start offsets and the timestamps of the oldest retained records."""
+    """Per partition number whose input or output partition lost records to retention
+    (log start offset above 0): the log start offsets and the timestamps of the oldest
+    retained records."""
     from confluent_kafka import TopicPartition
 
     out: dict[int, audit.Retention] = {}
-    for p in partitions:
-        starts: dict[str, tuple[int, int | None]] = {}
-        for topic in (job.input_topic, job.output_topic):
+    for p in sorted(set(partitions) | set(outputs)):
+        starts: dict[str, tuple[int, int | None]] = {
+            job.input_topic: (0, None),
+            job.output_topic: (0, None),
+        }
+        for topic, present in ((job.input_topic, partitions), (job.output_topic, outputs)):
+            if p not in present:
+                continue
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S
             )
@@ -532,11 +770,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dedup-reconcile",
         description=(
             "Audit a pipeline end to end: read its input, output and dead-letter topics "
-            "(read committed) with Spark and report, per partition, ids published twice "
-            "within the window, valid input occurrences neither published nor repeats of an "
-            "earlier publication within the window, output ids with no input, output out of "
-            "input order, output whose key, value or headers differ from its input, what "
-            "retention deleted before it could be checked, and the counts."
+            "(read committed) with Spark and report, grouping each id across partitions under "
+            "ownership (owner = murmur2(id) % --workers): ids published twice within the "
+            "window anywhere, publications not on their owner's output partition, valid "
+            "input occurrences with no publication of their id within window + slack, output "
+            "ids with no input, output out of input order per (input partition, output "
+            "partition), output whose key, value or headers differ from every input "
+            "occurrence of its id, what retention deleted before it could be checked, and "
+            "the counts."
         ),
         epilog=(
             "Kafka client settings (security) come from --kafka-config or env "
@@ -552,6 +793,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-topic", required=True)
     p.add_argument("--output-topic", required=True)
     p.add_argument("--dead-letter-topic")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="the pipeline's worker count (spec.partitions), the owner function's modulus "
+        "(required)",
+    )
+    p.add_argument(
+        "--owned-topic",
+        help="the internal topic of forwarded records (<namespace>.<pipeline>-owned): its "
+        "records above the group's committed offsets make their input occurrence pending",
+    )
     p.add_argument("--id-source", default="jsonField", choices=list(ID_SOURCES))
     p.add_argument("--id-field", default="messageId")
     p.add_argument("--window", required=True, help="the pipeline's window duration, e.g. 672h")
@@ -621,6 +873,13 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         raise JobError(str(exc)) from None
     if args.to and args.offsets:
         raise JobError("--to goes with --from or --lookback, not --offsets")
+    if args.workers is None:
+        raise JobError(
+            "--workers is required: the pipeline's spec.partitions, which decides each id's "
+            "owner (the output's partition count is not it: extra partitions stay empty)"
+        )
+    if args.workers < 1:
+        raise JobError(f"--workers must be positive, not {args.workers}")
     group = None if args.all_input else args.consumer_group or default_consumer_group(args.pipeline)
     return AuditJob(
         pipeline=args.pipeline,
@@ -635,6 +894,8 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         audit_range=rng,
         report_dir=args.report_dir,
         consumer_group=group,
+        workers=args.workers,
+        owned_topic=args.owned_topic,
         configmap=None
         if args.configmap is None
         else args.configmap or names.reconciliation_result(args.pipeline),

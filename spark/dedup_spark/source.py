@@ -113,11 +113,13 @@ def read_topic(
     *,
     since_ms: int | None = None,
     offsets: Mapping[int, tuple[int, int]] | None = None,
+    starting: Mapping[int, int] | None = None,
 ) -> DataFrame:
     """The committed records of `topic` as (partition, offset, timestamp_ms, key, value,
     headers), from `since_ms` (record timestamp; partitions with nothing that recent
-    contribute nothing) or the earliest offset, to the last stable offset; or exactly the
-    per-partition `[start, end)` offset ranges in `offsets`."""
+    contribute nothing), from the per-partition offsets in `starting` (every partition
+    named; -2: the earliest), or from the earliest offset, to the last stable offset; or
+    exactly the per-partition `[start, end)` offset ranges in `offsets`."""
     reader = spark.read.format("kafka").options(**kafka.spark_options())
     reader = (
         reader.option("subscribe", topic)
@@ -130,6 +132,10 @@ def read_topic(
         reader = reader.option(
             "startingOffsets", _offsets_json(topic, {p: s for p, (s, _) in offsets.items()})
         ).option("endingOffsets", _offsets_json(topic, {p: e for p, (_, e) in offsets.items()}))
+    elif starting is not None:
+        reader = reader.option("startingOffsets", _offsets_json(topic, starting)).option(
+            "endingOffsets", "latest"
+        )
     elif since_ms is not None:
         reader = (
             reader.option("startingTimestamp", str(max(0, since_ms)))
@@ -234,6 +240,88 @@ def packed_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> 
             yield from pack_batch(extract_ids(batch, spec))
 
     return _id_inputs(records, spec, published).mapInArrow(extract, PACKED_SCHEMA)
+
+
+GROUPED_SCHEMA: Final = "group INT, rows BINARY"
+"""A grouped frame: per Arrow batch of a task and group in it, one row whose `rows` is
+that group's rows of the batch as an Arrow IPC stream (`unpack`)."""
+
+
+def id_groups(batch: pa.RecordBatch, buckets: int, *, published: bool = False) -> Any:
+    """The audit group of each row of a batch with `id` and `partition` columns: rows
+    with an id go to bucket `owner(id)` under `buckets` (the audit's own murmur2), so
+    every record of an id lands in one group whatever its partition; input rows without
+    one go to group `buckets + partition` (checked against the dead letters of their
+    partition), output rows without one to group 0."""
+    import numpy as np
+
+    from dedup_spark.murmur2 import owners
+
+    ids = batch.column(batch.schema.get_field_index("id"))
+    bucket = owners(ids, buckets)
+    if not ids.null_count:
+        return bucket
+    valid = np.asarray(ids.is_valid())
+    if published:
+        return np.where(valid, bucket, 0)
+    partition = batch.column(batch.schema.get_field_index("partition"))
+    return np.where(valid, bucket, buckets + partition.to_numpy(zero_copy_only=False))
+
+
+def grouped_ids(
+    records: DataFrame, spec: IdSpec, buckets: int, *, published: bool = False
+) -> DataFrame:
+    """`with_ids`, packed per audit group (`id_groups`, GROUPED_SCHEMA)."""
+
+    def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            rows = extract_ids(batch, spec)
+            yield from pack_groups(rows, id_groups(rows, buckets, published=published))
+
+    return _id_inputs(records, spec, published).mapInArrow(extract, GROUPED_SCHEMA)
+
+
+def grouped(frame: DataFrame, group: Any) -> DataFrame:
+    """Any frame packed per group (GROUPED_SCHEMA); `group(batch)` gives each row's."""
+
+    def pack(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from pack_groups(batch, group(batch))
+
+    return frame.mapInArrow(pack, GROUPED_SCHEMA)
+
+
+def pack_groups(batch: pa.RecordBatch, groups: Any) -> Iterator[pa.RecordBatch]:
+    """(group, rows) for each group of `batch` (`groups`: an int per row)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if batch.num_rows == 0:
+        return
+    groups = np.asarray(groups, dtype=np.int64)
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    ends = np.concatenate([starts[1:], [len(ordered)]])
+    if len(starts) > 1:
+        batch = batch.take(pa.array(order))  # one copy, then zero-copy slices per group
+    for start, end in zip(starts, ends, strict=True):
+        g = ordered[start]
+        part = batch.slice(int(start), int(end - start))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([int(g)], pa.int32()), pa.array([ipc_bytes(part)], pa.binary())],
+            names=["group", "rows"],
+        )
+
+
+def ipc_bytes(rows: pa.RecordBatch | pa.Table) -> bytes:
+    """`rows` as one Arrow IPC stream (what `unpack` reads)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write(rows)
+    return bytes(sink.getvalue())
 
 
 def packed(frame: DataFrame) -> DataFrame:

@@ -1,7 +1,9 @@
 """`dedup-backfill` against a real broker, a real local SparkSession and the real worker.
 
-- The backfill's output for an input equals the worker's output for the same input,
-  per partition: the same records in the same order, and the same dead letters.
+- The backfill's output for an input publishes the same ids as the workers' output for
+  the same input (the same records, each on its owner's output partition under
+  ownership), and the same dead letters; with one partition and one worker, record for
+  record.
 - A store warmed by the backfill makes a worker start with nothing to recover and still
   drop repeats of the warmed ids.
 """
@@ -28,6 +30,7 @@ from dedup_worker.batch import DLQ_OFFSET, DLQ_REASON
 from dedup_worker.config import default_consumer_group
 from dedup_worker.ids import IdSpec
 from dedup_worker.loop import DedupWorker
+from dedup_worker.ownership import owner_reference
 from dedup_worker.store import StoreOwner
 from dedup_worker.window import WindowPolicy
 from support.worker_helpers import (
@@ -58,6 +61,7 @@ def job(kafka: KafkaBroker, source: str, target: str, **overrides: Any) -> backf
         "output_dir": None,
         "origin_topic": source,
         "run_id": uuid.uuid4().hex[:8],
+        "workers": 1,
     }
     settings.update(overrides)
     return backfill.BackfillJob(**settings)
@@ -108,12 +112,17 @@ def test_backfill_output_equals_the_workers(
         )
         run_until_consumed(DedupWorker(cfg), 503)
 
-    counts = backfill.run(spark, job(kafka, f"{name}-in", f"{name}-backfill"))
+    counts = backfill.run(spark, job(kafka, f"{name}-in", f"{name}-backfill", workers=2))
     assert counts == {p: {"published": 400, "deadLetters": 3, "lastOffset": 502} for p in range(2)}
-    for p in range(2):
-        ours = records(kafka.bootstrap, f"{name}-backfill-out", p)
-        theirs = records(kafka.bootstrap, f"{name}-worker-out", p)
-        assert len(ours) == 400 and ours == theirs
+    # The same ids (and records) published; the backfill's each on its owner's partition.
+    theirs = sorted(r for p in range(2) for r in records(kafka.bootstrap, f"{name}-worker-out", p))
+    ours = sorted(r for p in range(2) for r in records(kafka.bootstrap, f"{name}-backfill-out", p))
+    assert len(ours) == 800 and ours == theirs
+    ids = {p: output_ids(kafka.bootstrap, f"{name}-backfill-out", p) for p in range(2)}
+    assert set(ids[0]) | set(ids[1]) == {
+        mid for p in range(2) for mid in output_ids(kafka.bootstrap, f"{name}-worker-out", p)
+    }
+    assert all(owner_reference(mid.encode(), 2) == p for p in range(2) for mid in ids[p])
     assert dead_letters(kafka.bootstrap, f"{name}-backfill-dlq", 2) == dead_letters(
         kafka.bootstrap, f"{name}-worker-dlq", 2
     )
@@ -121,12 +130,20 @@ def test_backfill_output_equals_the_workers(
     # And to files: the same records, in Parquet.
     files = backfill.run(
         spark,
-        job(kafka, f"{name}-in", "unused", output_topic=None, output_dir=str(tmp_path / "out")),
+        job(
+            kafka,
+            f"{name}-in",
+            "unused",
+            output_topic=None,
+            output_dir=str(tmp_path / "out"),
+            workers=2,
+        ),
     )
     assert files == {p: {"published": 400, "deadLetters": 3} for p in range(2)}
     rows = pq.read_table(tmp_path / "out" / "published").to_pylist()
-    first = [r["id"] for r in rows if r["partition"] == 0]
-    assert first == output_ids(kafka.bootstrap, f"{name}-worker-out", 0)
+    assert {r["id"] for r in rows} == set(ids[0]) | set(ids[1])
+    assert all(r["partition"] == owner_reference(r["id"].encode(), 2) for r in rows)
+    assert [r["id"] for r in rows if r["partition"] == 0] == ids[0]
 
 
 def test_backfill_and_worker_agree_where_the_window_expires_inside_the_data(
@@ -258,4 +275,16 @@ def test_the_command_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "backfill could not run: --input-topic needs --bootstrap-servers" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = subprocess.run(
+        [
+            *(str(exe), "--log-format", "text", "run", "--bootstrap-servers", "127.0.0.1:1"),
+            *("--input-topic", "a", "--output-topic", "b"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "backfill could not run: --workers is required" in result.stderr
     assert "Traceback" not in result.stderr

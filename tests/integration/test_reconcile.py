@@ -1,8 +1,12 @@
 """`dedup-reconcile` against a real broker and a real local SparkSession.
 
 Topics filled with known content and planted defects (duplicates in the output, missing
-ids, reorderings, dead letters, ids repeated beyond the window): the report's counts
-equal the planted ones, per partition. And on a real worker's output the audit passes
+ids, reorderings, dead letters, ids repeated beyond the window), published as workers
+under ownership do (issue 26: each id on output partition owner(id)): the report's counts
+equal the planted ones. Topics written as the forwarding workers write them (ids on
+several input partitions, forwarded records on the internal topic, one of them not yet
+consumed by its owner): the audit passes, reports the waiting one as pending, and fails
+on a planted cross-partition duplicate. And on a real worker's output the audit passes
 with zeros.
 """
 
@@ -20,7 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kubernetes.client import CoreV1Api
 from pyspark.sql import SparkSession
 
@@ -30,6 +34,7 @@ from dedup_spark.audit import AuditRange
 from dedup_spark.source import KafkaSource
 from dedup_worker.ids import ID_HEADER, IdSpec
 from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DedupWorker
+from dedup_worker.ownership import owner_reference
 from support.kube_fixtures import KubeNamespace
 from support.worker_helpers import event, produce, run_until_consumed, unique, worker_config
 
@@ -37,6 +42,11 @@ pytestmark = pytest.mark.integration
 
 HOUR = 3_600_000
 PARTITIONS = 4
+
+
+def owner(mid: str, workers: int) -> int:
+    """The owner as the worker computes it (its pure-Python reference), not the audit's."""
+    return owner_reference(mid.encode(), workers)
 
 
 @dataclass
@@ -85,20 +95,24 @@ def job(name: str, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> reconcile
         "audit_range": AuditRange(),
         "report_dir": str(tmp / "report"),
         "consumer_group": None,
+        "workers": PARTITIONS,
     }
     settings.update(overrides)
     return reconcile.AuditJob(**settings)
 
 
-def test_planted_defects_are_counted_per_partition(
+def test_planted_defects_are_counted(
     spark: SparkSession, kafka: KafkaBroker, tmp_path: Path
 ) -> None:
+    """Ids of input partition p are `p<p>-<i>`, published to their owner's output
+    partition (4 workers), in input order per (input partition, output partition)."""
     name = unique("audit")
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", PARTITIONS)
     base = int(time.time() * 1000) - 6 * HOUR
     inputs: list[Rec] = []
     outputs: dict[int, list[Rec]] = {p: [] for p in range(PARTITIONS)}
+    source: dict[int, list[tuple[int, str]]] = {p: [] for p in range(PARTITIONS)}
     dead: list[Rec] = []
     for p in range(PARTITIONS):
         offset = 0
@@ -126,7 +140,9 @@ def test_planted_defects_are_counted_per_partition(
                 )
             elif mid not in published or ts - published[mid] >= HOUR:
                 published[mid] = ts
-                outputs[p].append(Rec(p, ts, value, [(ID_HEADER, mid.encode())]))
+                q = owner(mid, PARTITIONS)
+                outputs[q].append(Rec(q, ts, value, [(ID_HEADER, mid.encode())]))
+                source[q].append((p, mid))
             offset += 1
 
         for i in range(200):
@@ -138,15 +154,31 @@ def test_planted_defects_are_counted_per_partition(
                 arrive(None, ts + 600)  # not JSON: dead-lettered
         arrive(f"p{p}-0", base + 2 * HOUR)  # beyond the window: published again
 
-    # Plant: p0 three duplicates; p1 three missing + the beyond-window republication
-    # missing; p2 two reorderings; p3 one unexpected id and one missing dead letter.
-    for i in (3, 4, 5):
-        outputs[0].append(outputs[0][i])
-    outputs[1] = [o for o in outputs[1] if o.value not in {event(f"p1-{i}") for i in (7, 8, 9)}]
-    outputs[1].pop()  # p1-0 at +2h
-    for i in (20, 40):
-        outputs[2][i], outputs[2][i + 1] = outputs[2][i + 1], outputs[2][i]
-    outputs[3].insert(50, Rec(3, base + 50_000, event("ghost"), [(ID_HEADER, b"ghost")]))
+    def at(mid: str, ts: int | None = None) -> tuple[int, int]:
+        q = owner(mid, PARTITIONS)
+        for n, rec in enumerate(outputs[q]):
+            if rec.value == event(mid) and (ts is None or rec.timestamp_ms == ts):
+                return q, n
+        raise AssertionError(mid)
+
+    # Plant: three duplicates (of p0 ids), three missing p1 ids + p1-0's republication
+    # beyond the window, two reorderings of input partition 2 within one output
+    # partition, one unexpected id and one missing dead letter (input partition 3).
+    for mid in ("p0-3", "p0-4", "p0-5"):
+        q, n = at(mid)
+        outputs[q].append(outputs[q][n])
+    for mid in ("p1-7", "p1-8", "p1-9"):
+        q, n = at(mid)
+        del outputs[q][n], source[q][n]
+    q, n = at("p1-0", base + 2 * HOUR)
+    del outputs[q][n], source[q][n]
+    q2 = owner("p2-20", PARTITIONS)
+    of_p2 = [n for n, (p, _) in enumerate(source[q2]) if p == 2]
+    for k in (10, 30):  # swap consecutive publications of input partition 2
+        i, j = of_p2[k], of_p2[k + 1]
+        outputs[q2][i], outputs[q2][j] = outputs[q2][j], outputs[q2][i]
+    ghost = owner("ghost", PARTITIONS)
+    outputs[ghost].insert(50, Rec(ghost, base + 50_000, event("ghost"), [(ID_HEADER, b"ghost")]))
     assert dict(dead[-1].headers)[DLQ_PARTITION] == b"3"
     dead.pop()
 
@@ -156,37 +188,229 @@ def test_planted_defects_are_counted_per_partition(
 
     summary = reconcile.run(spark, job(name, kafka, tmp_path))
 
+    totals = summary["totals"]
+    planted = {
+        "duplicates": 3,
+        "missing": 4,
+        "orderViolations": 2,
+        "unexpected": 1,
+        "missingDeadLetters": 1,
+        "misplaced": 0,
+        "contentMismatches": 0,
+    }
+    assert {k: totals[k] for k in planted} == planted
+    assert summary["passed"] is False
+    assert summary["ownership"] == {"workers": PARTITIONS, "ownedTopic": None}
     parts = {p["partition"]: p for p in summary["partitions"]}
     assert sorted(parts) == list(range(PARTITIONS))
-    planted = {
-        0: {"duplicates": 3},
-        1: {"missing": 4},
-        2: {"orderViolations": 2},
-        3: {"unexpected": 1, "missingDeadLetters": 1},
-    }
-    failing = ("duplicates", "missing", "missingDeadLetters", "unexpected", "orderViolations")
-    for p, counts in parts.items():
-        assert {k: counts[k] for k in failing} == {k: planted[p].get(k, 0) for k in failing}, p
+    for p, counts in parts.items():  # the input side, per input partition
         assert counts["input"] == 200 + 20 + 3 + 1
         assert counts["valid"] == 221 and counts["distinct"] == 200
         assert counts["inputDuplicateRate"] == pytest.approx(21 / 221, abs=1e-6)
         assert counts["deadLettered"] == (2 if p == 3 else 3)
         assert counts["deadLetteredByReason"] == {"not_json": counts["deadLettered"]}
-    assert parts[0]["published"] == 201 + 3
-    assert summary["passed"] is False
-    assert summary["totals"]["duplicates"] == 3 and summary["totals"]["missing"] == 4
+        assert counts["missingDeadLetters"] == (1 if p == 3 else 0)
+    # the output side, per output partition
+    assert [parts[q]["published"] for q in range(PARTITIONS)] == [
+        len(outputs[q]) for q in range(PARTITIONS)
+    ]
+    assert parts[q2]["orderViolations"] == 2
+    assert totals["distinct"] == 800 and totals["published"] == 804
 
     report = Path(summary["report"])
     assert json.loads((report / "summary.json").read_text())["runId"] == summary["runId"]
     findings = pq.read_table(report / "findings").to_pylist()
-    assert sum(1 for f in findings if f["kind"] == "missing") == 4
-    assert {f["id"] for f in findings if f["kind"] == "missing"} == {
+    assert sorted(f["id"] for f in findings if f["kind"] == "missing") == [
+        "p1-0",
         "p1-7",
         "p1-8",
         "p1-9",
-        "p1-0",
-    }
+    ]
+    assert sorted(f["id"] for f in findings if f["kind"] == "duplicate") == [
+        "p0-3",
+        "p0-4",
+        "p0-5",
+    ]
+    assert {f["partition"] for f in findings if f["kind"] == "order_violation"} == {q2}
     assert [f["id"] for f in findings if f["kind"] == "unexpected"] == ["ghost"]
+
+
+WORKERS = 3
+
+
+@dataclass
+class Owned:
+    """Topics as workers under ownership write them (issue 26), with what the test knows."""
+
+    name: str
+    group: str
+    inputs: list[Rec]
+    published: dict[int, list[Rec]]
+    waiting: tuple[str, int, int]  # the forwarded record its owner has not consumed
+    repeated: list[tuple[str, int, int]]  # (id, input partition, ts): second occurrences
+
+
+def write_as_owners(kafka: KafkaBroker) -> Owned:
+    """4 input partitions, 3 workers (worker w reads input partitions i with i % 3 == w).
+    Each id arrives on input partition n % 4; every third also on the next partition
+    500 ms later. The reader of a record its worker does not own forwards it to the
+    owner's partition of `<name>-owned` (headers `dedup.id`, `dedup.origin` appended);
+    the owner publishes the first occurrence it meets, with those headers stripped.
+    Everything is consumed and committed, except one forwarded record left above its
+    internal partition's committed offset (and so not yet published)."""
+    name = unique("auditown")
+    kafka.create_topic(f"{name}-in", PARTITIONS)
+    kafka.create_topic(f"{name}-out", WORKERS)
+    kafka.create_topic(f"{name}-dlq", 1)
+    kafka.create_topic(f"{name}-owned", WORKERS)
+    base = int(time.time() * 1000) - HOUR
+    inputs: list[Rec] = []
+    offsets = [0] * PARTITIONS
+    arrivals: list[tuple[str | None, int, int, int]] = []  # id, partition, offset, ts
+    repeated = []
+    for n in range(300):
+        mid, ts = f"id-{n}", base + n * 1000
+        for p, t in [(n % PARTITIONS, ts)] + (
+            [((n + 1) % PARTITIONS, ts + 500)] if n % 3 == 0 else []
+        ):
+            inputs.append(Rec(p, t, event(mid)))
+            arrivals.append((mid, p, offsets[p], t))
+            offsets[p] += 1
+            if t != ts:
+                repeated.append((mid, p, t))
+    inputs.append(Rec(1, base + 777, b"{not json"))
+    arrivals.append((None, 1, offsets[1], base + 777))
+    offsets[1] += 1
+    # The waiting one: an id that occurs once, read by a worker that does not own it.
+    waiting_id = next(
+        f"id-{n}"
+        for n in range(1, 300)
+        if n % 3 and owner(f"id-{n}", WORKERS) != (n % PARTITIONS) % WORKERS
+    )
+    forwarded: dict[int, list[Rec]] = {q: [] for q in range(WORKERS)}
+    published: dict[int, list[Rec]] = {q: [] for q in range(WORKERS)}
+    seen: set[str] = set()
+    waiting: Rec | None = None
+    waiting_origin = (0, 0)
+    for arrived, p, offset, ts in sorted(arrivals, key=lambda a: a[3]):
+        if arrived is None:
+            continue
+        mid = arrived
+        q = owner(mid, WORKERS)
+        headers = [(ID_HEADER, mid.encode())]
+        if q != p % WORKERS:  # forwarded through the owner's internal partition
+            fwd = Rec(
+                q,
+                ts,
+                event(mid),
+                [("dedup.id", mid.encode()), ("dedup.origin", f"{p}:{offset}".encode())],
+            )
+            if mid == waiting_id:
+                waiting, waiting_origin = fwd, (p, offset)
+                continue
+            forwarded[q].append(fwd)
+        if mid not in seen:
+            seen.add(mid)
+            published[q].append(Rec(q, ts, event(mid), headers))
+    assert waiting is not None
+    produce_records(kafka, f"{name}-in", inputs, transactional=False)
+    produce_records(kafka, f"{name}-owned", [r for q in forwarded.values() for r in q])
+    produce_records(kafka, f"{name}-out", [r for q in published.values() for r in q])
+    produce_records(
+        kafka,
+        f"{name}-dlq",
+        [
+            Rec(
+                0,
+                base + 777,
+                b"{not json",
+                [
+                    (DLQ_REASON, b"not_json"),
+                    (DLQ_TOPIC, f"{name}-in".encode()),
+                    (DLQ_PARTITION, b"1"),
+                    (DLQ_OFFSET, str(offsets[1] - 1).encode()),
+                ],
+            )
+        ],
+    )
+    # The owners' group has consumed everything: the input, and the internal topic up
+    # to (not including) the waiting record, written after the commit.
+    group = f"dedup-{name}"
+    consumer = Consumer(kafka.client_config(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        commits = []
+        for topic, count in ((f"{name}-in", PARTITIONS), (f"{name}-owned", WORKERS)):
+            for part in range(count):
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
+                commits.append(TopicPartition(topic, part, high))
+        consumer.commit(offsets=commits, asynchronous=False)
+    finally:
+        consumer.close()
+    produce_records(kafka, f"{name}-owned", [waiting])
+    return Owned(name, group, inputs, published, (waiting_id, *waiting_origin), repeated)
+
+
+@pytest.fixture(scope="module")
+def owned(kafka: KafkaBroker) -> Owned:
+    return write_as_owners(kafka)
+
+
+def owned_job(owned: Owned, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> reconcile.AuditJob:
+    settings: dict[str, Any] = {
+        "workers": WORKERS,
+        "owned_topic": f"{owned.name}-owned",
+        "consumer_group": owned.group,
+        "audit_range": AuditRange(
+            int(time.time() * 1000) - 2 * HOUR, int(time.time() * 1000) + HOUR
+        ),
+    }
+    settings.update(overrides)
+    return job(owned.name, kafka, tmp, **settings)
+
+
+def test_forwarded_output_passes_and_the_waiting_record_is_pending(
+    spark: SparkSession, kafka: KafkaBroker, owned: Owned, tmp_path: Path
+) -> None:
+    summary = reconcile.run(spark, owned_job(owned, kafka, tmp_path))
+    totals = summary["totals"]
+    assert summary["passed"], totals
+    assert (totals["input"], totals["valid"], totals["pending"]) == (400, 399, 1)
+    assert (totals["distinct"], totals["published"]) == (299, 299)
+    assert (totals["duplicates"], totals["misplaced"], totals["missing"]) == (0, 0, 0)
+    assert totals["deadLettered"] == 1
+    mid, p, _ = owned.waiting
+    assert {q["partition"]: q["pending"] for q in summary["partitions"]}[p] == 1
+    # Without the internal topic, the waiting record's occurrence has no publication.
+    blind = reconcile.run(spark, owned_job(owned, kafka, tmp_path, owned_topic=None))
+    assert blind["passed"] is False
+    assert (blind["totals"]["missing"], blind["totals"]["pending"]) == (1, 0)
+    findings = pq.read_table(Path(blind["report"]) / "findings").to_pylist()
+    assert [(f["kind"], f["id"], f["partition"]) for f in findings] == [("missing", mid, p)]
+
+
+def test_a_cross_partition_duplicate_fails_the_audit(
+    spark: SparkSession, kafka: KafkaBroker, owned: Owned, tmp_path: Path
+) -> None:
+    """Both occurrences of an id that arrived on two input partitions are published,
+    as a worker reading each partition on its own did before ownership: once by its
+    owner, once on the output partition of the second occurrence's reader."""
+    name = owned.name
+    mid, p, ts = next(r for r in owned.repeated if owner(r[0], WORKERS) != r[1] % WORKERS)
+    bad = f"{name}-bad"
+    kafka.create_topic(bad, WORKERS)
+    copies = [r for q in owned.published.values() for r in q]
+    wrong = p % WORKERS
+    copies.append(Rec(wrong, ts, event(mid), [(ID_HEADER, mid.encode())]))
+    produce_records(kafka, bad, copies)
+    summary = reconcile.run(spark, owned_job(owned, kafka, tmp_path, output_topic=bad))
+    totals = summary["totals"]
+    assert summary["passed"] is False
+    assert (totals["duplicates"], totals["misplaced"], totals["missing"]) == (1, 1, 0)
+    findings = pq.read_table(Path(summary["report"]) / "findings").to_pylist()
+    assert sorted((f["kind"], f["id"], f["partition"]) for f in findings) == [
+        ("duplicate", mid, wrong),
+        ("misplaced", mid, wrong),
+    ]
 
 
 def test_a_clean_worker_run_passes_with_zeros(
@@ -210,6 +434,7 @@ def test_a_clean_worker_run_passes_with_zeros(
             window_ms=24 * HOUR,
             audit_range=AuditRange(int(time.time() * 1000) - HOUR, int(time.time() * 1000) + HOUR),
             consumer_group=cfg.group,
+            workers=1,
         ),
     )
     totals = summary["totals"]
@@ -262,7 +487,7 @@ def test_a_lost_occurrence_hidden_by_a_later_publication_fails_the_audit(
         )
     producer.commit_transaction(30)
 
-    summary = reconcile.run(spark, job(name, kafka, tmp_path))
+    summary = reconcile.run(spark, job(name, kafka, tmp_path, workers=1))
 
     totals = summary["totals"]
     assert summary["passed"] is False
@@ -302,7 +527,7 @@ def test_input_deleted_by_retention_is_reported_as_unverifiable(
         future.result(60)
 
     rng = AuditRange(offsets={0: (0, 10)})
-    strict = reconcile.run(spark, job(name, kafka, tmp_path, audit_range=rng))
+    strict = reconcile.run(spark, job(name, kafka, tmp_path, audit_range=rng, workers=1))
     assert strict["passed"] is False and strict["unverifiable"] == "fail"
     assert strict["totals"]["unverifiable"] == 4 and strict["totals"]["missing"] == 0
     assert strict["totals"]["input"] == 6
@@ -312,7 +537,7 @@ def test_input_deleted_by_retention_is_reported_as_unverifiable(
     ]
     lenient = reconcile.run(
         spark,
-        job(name, kafka, tmp_path, audit_range=rng, fail_on_unverifiable=False),
+        job(name, kafka, tmp_path, audit_range=rng, fail_on_unverifiable=False, workers=1),
     )
     assert lenient["passed"] is True and lenient["totals"]["unverifiable"] == 4
 
@@ -341,8 +566,8 @@ def test_the_command_fails_the_audit_with_exit_1_and_publishes_the_summary(
         [Rec(i % 2, now + i, event(mid)) for i, mid in enumerate(ids)],
         transactional=False,
     )
-    # Everything published once, id-7 twice (partition 1).
-    published = [Rec(i % 2, now + i, event(mid)) for i, mid in enumerate(ids)]
+    # Everything published once by its owner (2 workers), id-7 twice.
+    published = [Rec(owner(mid, 2), now + i, event(mid)) for i, mid in enumerate(ids)]
     produce_records(kafka, f"{name}-out", [*published, published[7]])
 
     result = run_cli(
@@ -350,6 +575,7 @@ def test_the_command_fails_the_audit_with_exit_1_and_publishes_the_summary(
         *("--bootstrap-servers", kafka.bootstrap),
         *("--input-topic", f"{name}-in", "--output-topic", f"{name}-out"),
         *("--dead-letter-topic", f"{name}-dlq", "--window", "1h", "--lookback", "1h"),
+        *("--workers", "2"),
         *("--to", datetime.fromtimestamp(now / 1000 + 3600, UTC).isoformat()),
         *("--all-input", "--report-dir", str(tmp_path / "report"), "--configmap"),
         *("--kubeconfig", str(kube_namespace.kubeconfig_path), "--master", "local[2]"),
@@ -359,7 +585,9 @@ def test_the_command_fails_the_audit_with_exit_1_and_publishes_the_summary(
     assert "audit FAILED" in result.stderr
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["totals"]["duplicates"] == 1 and summary["totals"]["input"] == 100
-    assert [p["duplicates"] for p in summary["partitions"]] == [0, 1]
+    assert [p["duplicates"] for p in summary["partitions"]] == [
+        int(p == owner("id-7", 2)) for p in range(2)
+    ]
 
     core = CoreV1Api(kube_namespace.cluster.api_client)
     cm = core.read_namespaced_config_map(f"{name}-reconciliation", kube_namespace.name)
@@ -371,7 +599,7 @@ def test_an_unreachable_broker_ends_in_one_line_and_exit_2(tmp_path: Path) -> No
     result = run_cli(
         *("--pipeline", "p", "--bootstrap-servers", "127.0.0.1:1"),
         *("--input-topic", "i", "--output-topic", "o", "--window", "1h"),
-        *("--report-dir", str(tmp_path)),
+        *("--workers", "1", "--report-dir", str(tmp_path)),
         timeout_s=120,
     )
     assert result.returncode == 2
@@ -384,8 +612,16 @@ def test_bad_arguments_end_in_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli(
         *("--pipeline", "p", "--bootstrap-servers", "127.0.0.1:1"),
         *("--input-topic", "i", "--output-topic", "o", "--window", "soon"),
-        *("--report-dir", str(tmp_path)),
+        *("--workers", "2", "--report-dir", str(tmp_path)),
     )
     assert result.returncode == 2
     assert "bad arguments: not a duration: 'soon'" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli(
+        *("--pipeline", "p", "--bootstrap-servers", "127.0.0.1:1"),
+        *("--input-topic", "i", "--output-topic", "o", "--window", "1h"),
+        *("--report-dir", str(tmp_path)),
+    )
+    assert result.returncode == 2
+    assert "bad arguments: --workers is required" in result.stderr
     assert "Traceback" not in result.stderr

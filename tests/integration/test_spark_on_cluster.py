@@ -13,6 +13,7 @@ from kubernetes import client
 
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import PROJECT_IMAGE, driver_pod, grant_driver, run_driver
+from dedup_worker.ownership import owner_reference
 from support.cluster_fixtures import ClusterNamespace
 from support.worker_helpers import event, produce, unique
 
@@ -27,9 +28,11 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", 2)
     for p in range(2):
-        values = [event(f"id-{p}-{i}") for i in range(200)]
-        produce(kafka.bootstrap, f"{name}-in", values, partition=p)
-        produce(kafka.bootstrap, f"{name}-out", values, partition=p)
+        ids = [f"id-{p}-{i}" for i in range(200)]
+        produce(kafka.bootstrap, f"{name}-in", [event(i) for i in ids], partition=p)
+        for q in range(2):  # published by the id's owner, on its output partition
+            owned = [event(i) for i in ids if owner_reference(i.encode(), 2) == q]
+            produce(kafka.bootstrap, f"{name}-out", owned, partition=q)
 
     driver = f"{name}-driver"
     command = [
@@ -37,6 +40,7 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
         *("--pipeline", name, "--bootstrap-servers", kafka.bootstrap),
         *("--input-topic", f"{name}-in", "--output-topic", f"{name}-out"),
         *("--dead-letter-topic", f"{name}-dlq", "--window", "1h", "--lookback", "1h"),
+        *("--workers", "2"),
         *("--all-input", "--report-dir", "/reports", "--configmap"),
         *("--master", "k8s", "--image", PROJECT_IMAGE, "--executors", "2"),
         *("--executor-memory", "512m", "--log-format", "text"),

@@ -66,6 +66,12 @@ def test_missing_dead_letters_are_reported() -> None:
     assert "7 invalid records without a dead letter" in r.condition(out.last).message
 
 
+def test_misplaced_publications_are_reported() -> None:
+    out = r.outcome(summary(False, misplaced=5), "cm", None)
+    assert out.last is not None and out.last["misplaced"] == 5
+    assert "5 published on another owner's partition" in r.condition(out.last).message
+
+
 def test_same_or_older_result_changes_nothing() -> None:
     previous = r.last_reconciliation(json.loads(summary()), "events-reconciliation")
     assert r.outcome(summary(), "events-reconciliation", previous) == r.Outcome(None)

@@ -112,3 +112,45 @@ def test_dead_letter_headers_say_why_and_where_from() -> None:
     assert headers[DLQ_REASON] == b"not_json"
     assert headers["dedup.origin.partition"] == b"3" and headers["dedup.origin.offset"] == b"17"
     assert headers["x"] == b"1"
+
+
+# --- under ownership (issue 26) -----------------------------------------------------------
+
+
+def test_each_id_is_decided_by_its_owner_whatever_its_input_partition() -> None:
+    """An id on two input partitions is published once, by its owner, to its partition;
+    a record without an id is dead-lettered by the worker that reads its partition."""
+    from dedup_spark.backfill import by_owner
+    from dedup_worker.ownership import owner_reference
+
+    workers = 3
+    records = [
+        rec(0, "a", 0)._replace(partition=0),
+        rec(0, "a", 5)._replace(partition=1),
+        rec(1, "b", 6)._replace(partition=1),
+        rec(1, None, 7)._replace(partition=0),
+        rec(2, "b", 8)._replace(partition=3),
+    ]
+    decided = by_owner(records, SPEC, WindowPolicy(1000), workers=workers)
+    published = {
+        p.message_id: (w, p.record.partition) for w, (pubs, _) in decided.items() for p in pubs
+    }
+    assert published == {
+        "a": (owner_reference(b"a", workers), 0),  # the first the owner met, by time
+        "b": (owner_reference(b"b", workers), 1),
+    }
+    dead = [(w, r.record.partition, r.reason) for w, (_, rej) in decided.items() for r in rej]
+    assert dead == [(0, 0, "not_json")]
+
+
+def test_a_worker_meets_each_input_partition_in_offset_order() -> None:
+    from dedup_spark.backfill import met_order
+
+    records = [
+        rec(0, "x", 50)._replace(partition=1),
+        rec(1, "y", 10)._replace(partition=1),  # an older timestamp at a later offset
+        rec(0, "z", 20)._replace(partition=0),
+    ]
+    order = [(r.partition, r.offset) for r in met_order(records)]
+    assert order.index((1, 0)) < order.index((1, 1))
+    assert order[0] == (0, 0)
