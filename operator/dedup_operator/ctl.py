@@ -4,6 +4,7 @@
     dedupctl status [PIPELINE] [-A] [-o table|json|yaml] [--watch]
     dedupctl failovers PIPELINE [-o table|json|yaml]
     dedupctl audit PIPELINE [--now] [--timeout S] [-o table|json|yaml]
+    dedupctl switch-ownership PIPELINE --yes
 
 `--kubeconfig`, `--context`, `-n/--namespace` as kubectl (KUBECONFIG, then
 ~/.kube/config, then the pod's service account). This module is the shell: it reads the
@@ -210,6 +211,18 @@ class Cluster:
             )
         return out
 
+    def annotate_pipeline(self, name: str, key: str, value: str) -> None:
+        self.call(
+            f"patch deduppipelines {name} in namespace {self.namespace}",
+            self.custom.patch_namespaced_custom_object,
+            names.GROUP,
+            names.VERSION,
+            self.namespace,
+            names.PLURAL,
+            name,
+            {"metadata": {"annotations": {key: value}}},
+        )
+
     def config_map_data(self, namespace: str, name: str, key: str) -> str | None:
         found = self.call(
             f"get configmap {name}", self.core.read_namespaced_config_map, name, namespace
@@ -366,6 +379,37 @@ def cmd_audit(cluster: Cluster, args: argparse.Namespace) -> int:
     if not last:
         return AUDIT_UNFINISHED
     return OK if last.get("passed") else AUDIT_FAILED
+
+
+def cmd_switch_ownership(cluster: Cluster, args: argparse.Namespace) -> int:
+    """Ask the operator to switch an OwnershipOff pipeline to ownership (the annotation
+    `dedup.io/switch-to-ownership: "true"`); without --yes only say what it would do."""
+    body = cluster.pipeline(args.pipeline)
+    where = f"{cluster.namespace}/{args.pipeline}"
+    state = ctl_view.switch_state(body)
+    if state == ctl_view.SWITCH_OWNED:
+        print(f"pipeline {where} runs under ownership already: nothing to switch")
+        return OK
+    if state == ctl_view.SWITCH_DONE:
+        when = ((body.get("status") or {}).get("ownership") or {}).get("switched")
+        print(f"pipeline {where} was switched to ownership at {when}: nothing to do")
+        return OK
+    if state == ctl_view.SWITCH_IN_PROGRESS:
+        print(
+            f"pipeline {where}: the switch to ownership is under way "
+            f"(follow it: dedupctl status {args.pipeline} -n {cluster.namespace})"
+        )
+        return OK
+    print(ctl_view.switch_plan_text(body))
+    if not args.yes:
+        fail(USAGE, f"nothing done: add --yes to switch pipeline {where} to ownership")
+    cluster.annotate_pipeline(args.pipeline, names.ANNOTATION_SWITCH_TO_OWNERSHIP, "true")
+    print(
+        f"pipeline {where}: switch to ownership asked (annotation "
+        f'{names.ANNOTATION_SWITCH_TO_OWNERSHIP}="true"); follow it: dedupctl status '
+        f"{args.pipeline} -n {cluster.namespace}"
+    )
+    return OK
 
 
 def run_audit_now(cluster: Cluster, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -545,6 +589,15 @@ def parser(prog: str = "dedupctl") -> argparse.ArgumentParser:
     a.add_argument("pipeline")
     a.add_argument("--now", action="store_true", help="run the scheduled audit now and wait")
     a.add_argument("--timeout", type=float, default=900.0, help="--now: seconds to wait")
+    w = sub.add_parser(
+        "switch-ownership",
+        parents=[common],
+        help="switch a pipeline that ran before ownership (OwnershipOff) to ownership",
+    )
+    w.add_argument("pipeline")
+    w.add_argument(
+        "--yes", action="store_true", help="do it (without: only say what it would do, exit 2)"
+    )
     return p
 
 
@@ -552,6 +605,7 @@ COMMANDS: dict[str, Callable[[Cluster, argparse.Namespace], int]] = {
     "status": cmd_status,
     "failovers": cmd_failovers,
     "audit": cmd_audit,
+    "switch-ownership": cmd_switch_ownership,
 }
 
 

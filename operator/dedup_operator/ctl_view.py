@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from dedup_operator import names, ownership
 from dedup_operator.failover import (
     FAILOVER_EVENTS,
     FORCE_DETACH,
@@ -686,3 +687,57 @@ def render_audit(doc: Mapping[str, Any], now: datetime) -> str:
     if report:
         lines.append("  report: " + ", ".join(f"{k} {v}" for k, v in report.items()))
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ switch-ownership
+SWITCH_OFF, SWITCH_IN_PROGRESS, SWITCH_DONE, SWITCH_OWNED = (
+    "off", "switching", "switched", "owned"
+)  # fmt: skip
+
+
+def switch_state(body: Mapping[str, Any]) -> str:
+    """Where a pipeline stands with ownership (`dedupctl switch-ownership`): `off` (its
+    workers started before ownership: OwnershipOff, the switch may be asked), `switching`
+    (asked, or the operator is stopping or starting its workers), `switched` (done),
+    `owned` (created under ownership: nothing to switch)."""
+    status = body.get("status") or {}
+    recorded = status.get(ownership.STATUS_KEY) or {}
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    asked = annotations.get(names.ANNOTATION_SWITCH_TO_OWNERSHIP) == "true"
+    switching = any(
+        c.get("type") == ownership.OWNERSHIP_SWITCHING and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if recorded.get("switched"):
+        return SWITCH_IN_PROGRESS if switching else SWITCH_DONE
+    if recorded.get("enabled") is False or (not recorded and ownership.ran_before(status)):
+        return SWITCH_IN_PROGRESS if asked or recorded.get("switching") else SWITCH_OFF
+    return SWITCH_OWNED
+
+
+def switch_plan_text(body: Mapping[str, Any]) -> str:
+    """What switching this OwnershipOff pipeline to ownership does, for a person."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    name, ns = meta.get("name"), meta.get("namespace")
+    workers = spec.get("partitions")
+    kafka = spec.get("kafka") or {}
+    topic = kafka.get("ownedTopic") or names.owned_topic(str(ns), str(name))
+    window = (spec.get("window") or {}).get("duration") or "its window"
+    return "\n".join(
+        [
+            f"Switching pipeline {ns}/{name} ({workers} workers, condition OwnershipOff) to "
+            "ownership, in one step:",
+            "  1. every worker stops: its pod is deleted and its Lease must be free or run "
+            "out, so no old worker can commit again. The output pauses from here;",
+            f"  2. the internal topic {topic} is "
+            + ("checked (kafka.ownedTopic)" if kafka.get("ownedTopic") else "created")
+            + f" ({workers} partitions);",
+            "  3. every worker starts under ownership at a new epoch. Each first completes "
+            "its store: it adds the ids it owns from every other output partition over the "
+            f"window ({window}), then publishes again;",
+            "  4. from then on each id is published once by its owner (murmur2(id) % "
+            f"{workers}) to that output partition, whatever partition producers send it to.",
+            "The pause is about a worker restart plus one scan of the output over the window.",
+            "The switch is one way: a worker from before ownership refuses a switched store.",
+        ]
+    )

@@ -122,6 +122,10 @@ class HandoverReason(StrEnum):
     # its node was cordoned; the worker stopped cleanly and released its Lease.
     NODE_DRAINED = "NodeDrained"
     SPEC_CHANGED = "SpecChanged"
+    # Planned: every worker of an OwnershipOff pipeline is stopped and fenced, then all
+    # start under ownership (`dedup_operator.ownership`: no replacement starts before
+    # every partition's old worker is gone).
+    OWNERSHIP_SWITCH = "OwnershipSwitch"
 
     @property
     def planned(self) -> bool:
@@ -135,6 +139,7 @@ FAILOVER_EVENTS: Final = ("Warning", "FailoverStarted", "FailoverCompleted")
 PLANNED_EVENTS: Final = {
     HandoverReason.SPEC_CHANGED: ("Normal", "RollStarted", "RollCompleted"),
     HandoverReason.NODE_DRAINED: ("Normal", "DrainStarted", "DrainCompleted"),
+    HandoverReason.OWNERSHIP_SWITCH: ("Normal", "WorkerSwitchStarted", "WorkerSwitchCompleted"),
 }
 
 
@@ -494,6 +499,14 @@ def next_epoch(obs: PartitionObservation, handover: Handover) -> int:
     if obs.lease is not None:
         seen.append(obs.lease.epoch)
     return max(seen) + 1
+
+
+def begin_handover(
+    reason: HandoverReason, pod: PodView | None, obs: PartitionObservation, now: datetime
+) -> Decision:
+    """Begin a handover of `reason` from `pod` (None: the partition has no pod; from its
+    Lease's holder and epoch)."""
+    return _begin(reason, pod, obs, now)
 
 
 def _begin(

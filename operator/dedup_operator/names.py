@@ -35,6 +35,11 @@ ANNOTATION_SPEC_HASH: Final = "dedup.io/spec-hash"
 # on a Node the operator tainted out-of-service: the pipelines ("namespace/name",
 # comma-separated) that rely on that taint; it is lifted with the last of them
 ANNOTATION_TAINT_BY: Final = "dedup.io/out-of-service-taint-by"
+# on a DedupPipeline whose workers started before ownership (condition OwnershipOff):
+# "true" asks the operator to switch it to ownership (`dedupctl switch-ownership`). One
+# way; it has no effect on a pipeline under ownership (an Event says so) and none after
+# the switch.
+ANNOTATION_SWITCH_TO_OWNERSHIP: Final = "dedup.io/switch-to-ownership"
 
 # finalizer of a pipeline that keeps its volumes (retainOnDelete: true)
 FINALIZER_RETAIN_VOLUMES: Final = "dedup.io/retain-volumes"

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from dedup_operator import names
+from dedup_operator import ownership as ownership_mod
 from dedup_operator.desired import partition as desired_partition
 from dedup_operator.failover import (
     Action,
@@ -47,7 +48,7 @@ from dedup_operator.failover import (
 )
 from dedup_operator.observed import Obj, attachments_of
 from dedup_operator.ownership import STATUS_KEY as OWNERSHIP_KEY
-from dedup_operator.ownership import OwnershipState
+from dedup_operator.ownership import OwnershipState, SwitchPhase
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.status import (
     Condition,
@@ -131,6 +132,8 @@ class Plan:
     # status.ownership after this plan: as recorded, or recorded by this plan's record
     # before it creates the first worker; None: not yet (no worker started) or off
     ownership: Mapping[str, Any] | None = None
+    # the pipeline's own Events, told once the record is written (the switch's steps)
+    events: tuple[Event, ...] = ()
 
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
@@ -158,6 +161,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
     us = taint_mark(spec.namespace, spec.name)
     policy = spec.failover.policy()
     decisions = _decide_partitions(obs, policy, now)
+    ownership_stopped = ownership_mod.all_stopped(decisions)
 
     parts = {
         p: _partition_status(p, list(obs.pods.get(p, ())), d, obs.previous_partition(p))
@@ -215,7 +219,35 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
 
     state = obs.ownership
     ownership = state.recorded if state is not None else None
-    if (
+    events: list[Event] = []
+    switch = state.switch if state is not None else None
+    if switch == SwitchPhase.BEGIN and state is not None and state.to_record is not None:
+        # recorded with every partition's switch handover, before any worker is stopped
+        ownership = state.to_record
+        record = {**(record or {}), OWNERSHIP_KEY: dict(ownership)}
+        events.append(
+            (
+                "Normal",
+                "OwnershipSwitchStarted",
+                f"switching to ownership: all {spec.partitions} workers stop and are fenced, "
+                f"then start under ownership with the internal topic {spec.owned_topic}; "
+                "the output pauses meanwhile (one way)",
+            )
+        )
+    elif switch == SwitchPhase.STOPPING and ownership_stopped:
+        # every old worker is gone and fenced: the generation the workers start with is
+        # recorded (the merge patch drops `enabled` and `switching`); they start next pass
+        ownership = ownership_mod.switched_record(spec.partitions, now)
+        switched = {**ownership, "enabled": None, "switching": None}
+        record = {**(record or {}), OWNERSHIP_KEY: switched}
+        events.append(
+            (
+                "Normal",
+                "OwnershipSwitchWorkersStopped",
+                f"all {spec.partitions} workers stopped and fenced: starting them under ownership",
+            )
+        )
+    elif (
         state is not None
         and state.to_record is not None
         and any(isinstance(s.action, CreatePod) for s in steps)
@@ -250,6 +282,7 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         failovers=failovers,
         pod_uids={v.name: v.uid for views in obs.pods.values() for v in views},
         ownership=ownership,
+        events=tuple(events),
     )
 
 
@@ -265,6 +298,7 @@ def _decide_partitions(
         for p in range(spec.partitions)
     )
     may_roll = all_ready and not any_handover
+    switch = obs.ownership.switch if obs.ownership is not None else None
     decisions: dict[int, Decision] = {}
     for p in range(spec.partitions):
         prev = obs.previous_partition(p)
@@ -280,7 +314,11 @@ def _decide_partitions(
             may_roll=may_roll,
             last_node=prev.get("node"),
         )
-        decision = partition_action(partition_obs, policy, now)
+        if switch in (SwitchPhase.BEGIN, SwitchPhase.STOPPING):
+            # no worker starts before every old one is stopped (ownership.py)
+            decision = ownership_mod.stop_for_switch(partition_obs, policy, now)
+        else:
+            decision = partition_action(partition_obs, policy, now)
         decisions[p] = decision
         if isinstance(decision.action, BeginHandover):
             may_roll = False  # one partition rolls at a time
@@ -452,6 +490,13 @@ def pipeline_status(
     )
     if obs.ownership is not None and obs.ownership.condition is not None:
         conditions.append(obs.ownership.condition)  # ReshardPending, OwnershipOff
+    if plan.ownership is not None and plan.ownership.get("enabled") is not False:
+        # recorded in this pass: no longer off
+        conditions = [c for c in conditions if c.type != ownership_mod.OWNERSHIP_OFF]
+    workers_ready = all(e.ready and not e.handover for e in entries) and spec_current
+    switching = ownership_mod.switching_condition(obs.ownership, workers_ready)
+    if switching is not None:
+        conditions.append(switching)
     if audit_condition is not None:
         conditions.append(audit_condition)
     status: dict[str, Any] = {

@@ -114,6 +114,7 @@ class _Memory:
     topic: tuple[tuple[Any, ...], float, TopicCheck] | None = None
     audit_error: str | None = None  # the last unreadable-summary message (said once)
     next_pass_in: float | None = None  # the last pass's plan: when the next one is due
+    switch_ignored: bool = False  # the ignored switch annotation was told (once)
 
 
 _memories: dict[tuple[str, str], _Memory] = {}
@@ -172,6 +173,7 @@ def reconcile(
             return None
         if memory.uid != body["metadata"]["uid"]:  # a new pipeline of the same name
             memory.uid, memory.ensured, memory.topic = body["metadata"]["uid"], None, None
+            memory.switch_ignored = False
         try:
             status = _reconcile(kube, body, recorder(body), settings, memory)
         except (Conflict, NotLeader) as exc:
@@ -336,9 +338,19 @@ def _reconcile(
     except SpecError as exc:
         return _invalid(kube, body, record, str(exc), generation, now)
     previous: Mapping[str, Any] = body.get("status") or {}
-    state = ownership.decide(asked, previous)
+    annotations = meta.get("annotations") or {}
+    switch_asked = annotations.get(names.ANNOTATION_SWITCH_TO_OWNERSHIP) == "true"
+    state = ownership.decide(asked, previous, switch_asked)
     spec = state.spec  # as the workers run it: partitions = the recorded worker count
     _tell_ownership(state, previous, record)
+    if state.switch_ignored and not memory.switch_ignored:
+        record(
+            "Normal",
+            "OwnershipSwitchIgnored",
+            f"annotation {names.ANNOTATION_SWITCH_TO_OWNERSHIP} ignored: the pipeline "
+            "already runs under ownership",
+        )
+        memory.switch_ignored = True
     owner = Owner(name, namespace, meta["uid"])
     claims = _ensure_objects(kube, spec, owner, generation, record, settings, memory)
     # `version`: the pipeline's resourceVersion after the pass's own writes (each moves it on)
@@ -498,6 +510,8 @@ def _act(
     if the_plan.record is not None:
         faults.maybe_stop("operator-before-handover-record")
         version = kube.patch_status(namespace, name, the_plan.record, resource_version=version)
+    for event in the_plan.events:  # the pipeline's own steps, once recorded
+        record(*event)
 
     owner = Owner(name, namespace, meta["uid"])
     for step in the_plan.steps:
@@ -624,6 +638,14 @@ def _report(
     previous = obs.previous
     if status["phase"] == "Running" and previous.get("phase") != "Running":
         record("Normal", "PipelineReady", f"all {spec.partitions} partitions are running")
+    if _has_condition(previous, ownership.OWNERSHIP_SWITCHING) and not _has_condition(
+        status, ownership.OWNERSHIP_SWITCHING
+    ):
+        record(
+            "Normal",
+            "OwnershipSwitchCompleted",
+            f"switched to ownership: all {spec.partitions} workers are Ready under ownership",
+        )
     metrics.PARTITIONS_NOT_RUNNING.labels(spec.namespace, spec.name).set(
         spec.partitions - status["readyPartitions"]
     )
@@ -631,6 +653,12 @@ def _report(
         # unchanged status: no write, no event
         kube.patch_status(spec.namespace, spec.name, status, resource_version=version)
     return {**status, "_result": "ok"}
+
+
+def _has_condition(status: Mapping[str, Any], type_: str) -> bool:
+    return any(
+        c.get("type") == type_ and c.get("status") == "True" for c in status.get("conditions") or []
+    )
 
 
 def _invalid(

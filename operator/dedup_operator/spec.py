@@ -211,6 +211,10 @@ class PipelineSpec:
     # workers are rendered as before. Under ownership `partitions` is the recorded
     # worker count (status.ownership.workers), not necessarily spec.partitions.
     ownership: bool = True
+    # Not a spec field: the pipeline was switched to ownership from OwnershipOff
+    # (status.ownership.switched): its workers get DEDUP_OWNERSHIP_SWITCH=true, which lets
+    # them convert a store written before ownership (and is harmless once converted).
+    ownership_switch: bool = False
 
     @property
     def workers(self) -> int:

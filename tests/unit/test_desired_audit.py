@@ -133,8 +133,8 @@ def test_the_audit_follows_the_recorded_workers_and_a_user_named_internal_topic(
     )
     f = flags(rec.command(replace(s, partitions=2)))  # status.ownership.workers 2
     assert (f["--workers"], f["--owned-topic"]) == ("2", "shop.events-forwarded")
-    legacy = rec.command(replace(spec(), ownership=False))  # OwnershipOff: as before
-    assert not set(OWNERSHIP_FLAGS) & set(legacy)
+    legacy = rec.command(replace(spec(), ownership=False))  # OwnershipOff: no internal topic
+    assert flags(legacy)["--workers"] == "4" and "--owned-topic" not in legacy
 
 
 def test_driver_env_downward_api_and_kafka_settings_as_the_worker() -> None:

@@ -134,10 +134,12 @@ def arguments(spec: PipelineSpec) -> list[str]:
     """`dedup-reconcile`'s flags from the spec, all but --master.
 
     `--window` is the pipeline's window duration; a window bounded only by maxKeys has
-    no duration, and then the audited range (lookback) stands in for it. Under
-    ownership, `--workers` (the recorded worker count, `spec` as the workers run it)
-    and `--owned-topic` (the internal topic); a pipeline that ran before ownership is
-    audited per partition as before."""
+    no duration, and then the audited range (lookback) stands in for it. `--workers`:
+    the worker count (under ownership the recorded one, `spec` as the workers run it);
+    `--owned-topic` (the internal topic) under ownership only. A pipeline that ran
+    before ownership is audited by the same rules: while its producers key by the id
+    with murmur2 on exactly `spec.partitions` input partitions (its precondition), every
+    id is on its owner's partition, and where they do not, the audit says so."""
     rc = spec.reconciliation
     assert rc is not None
     k = spec.kafka
@@ -163,10 +165,11 @@ def arguments(spec: PipelineSpec) -> list[str]:
         "--executor-cores", str(EXECUTOR_CORES),
         "--executor-memory", EXECUTOR_MEMORY,
     ]  # fmt: skip
+    # the audit groups by id with its own hash and checks each publication is on its
+    # owner's output partition; pending = forwarded but not yet consumed
+    args += ["--workers", str(spec.workers)]
     if spec.ownership:
-        # the audit groups by id with its own hash and checks each publication is on
-        # its owner's output partition; pending = forwarded but not yet consumed
-        args += ["--workers", str(spec.workers), "--owned-topic", spec.owned_topic]
+        args += ["--owned-topic", spec.owned_topic]
     return args
 
 

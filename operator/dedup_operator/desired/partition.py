@@ -116,6 +116,12 @@ def worker_env(spec: PipelineSpec, partition: int) -> list[dict[str, Any]]:
             ("DEDUP_OWNED_TOPIC", spec.owned_topic),
             ("DEDUP_WORKERS", str(spec.workers)),
         ]
+        if spec.ownership_switch:
+            # switched from OwnershipOff: the worker completes a store written before
+            # ownership (the ids it owns from every other output partition over the
+            # window) and marks it an ownership store; without this a worker refuses such
+            # a store (exit 5). Kept once converted: removing it would roll every pod.
+            plain.append(("DEDUP_OWNERSHIP_SWITCH", "true"))
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain if v is not None]
     env += [
         {"name": "DEDUP_NAMESPACE", **_field("metadata.namespace")},
