@@ -6,7 +6,9 @@
    with the DedupPipeline CRD installed, and shows an invalid pipeline refused by the
    API server;
 2. creates the pipeline's topics with 3 partitions and produces a backlog of events keyed
-   by message id, with duplicates near and far and a few malformed records;
+   by message id, with duplicates near and far (a retry lands on any partition, as from a
+   producer keyed by something else: its owner gets it forwarded) and a few malformed
+   records;
 3. installs the operator with Helm from charts/dedup-operator, as a user would (two
    operator pods from the image, the chart's ServiceAccount and RBAC), and applies
    `examples/events-pipeline.yaml` with kubectl (pointed at the local broker, image and
@@ -125,7 +127,9 @@ def show_api(cluster: LocalCluster) -> None:
 
 
 class Events:
-    """The demo's producer: ids keyed by message id, 5% client retries of a recent id."""
+    """The demo's producer: ids keyed by message id, 5% client retries of a recent id
+    sent to any partition (a retry path keyed by something else: the worker that reads
+    it forwards it to the id's owner)."""
 
     def __init__(self, bootstrap: str, rng: random.Random) -> None:
         self.rng = rng
@@ -140,15 +144,17 @@ class Events:
             sent = self.sent
             if sent and self.rng.random() < DUPLICATE_SHARE:
                 message_id = sent[-self.rng.randint(1, min(len(sent), 5000))]  # a retry
+                partition = self.rng.randrange(PARTITIONS)
             else:
                 message_id = f"order-{len(sent):06d}"  # new: its position is unique
+                partition = owner(message_id, PARTITIONS)
             sent.append(message_id)
             value = json.dumps({"messageId": message_id, "amount": self.rng.randint(1, 500)})
             self._producer.produce(
                 "events",
                 value=value.encode(),
                 key=message_id.encode(),
-                partition=owner(message_id, PARTITIONS),
+                partition=partition,
             )
         self._producer.poll(0)
 
@@ -540,6 +546,15 @@ def run(png: Path) -> int:
             ("published", f"{len(ids)}", "read back with read_committed"),
             ("duplicates dropped", f"{len(events.sent) - len(ids)}", ""),
             ("dead-lettered", f"{len(dead)}", ", ".join(reasons)),
+            (
+                "misrouted share",
+                ctl_view.show(
+                    None
+                    if monitor.last_doc.get("misroutedShare") is None
+                    else f"{monitor.last_doc['misroutedShare']:.1%}"
+                ),
+                "retries on another partition, forwarded to the id's owner",
+            ),
             ("duplicates in output", f"{in_output_twice}", "must be 0"),
             ("missing", f"{missing}", "must be 0"),
             (
