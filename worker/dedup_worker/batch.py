@@ -107,6 +107,21 @@ class Firsts:
     def __getitem__(self, index: int) -> Candidate:
         return Candidate(self.records[index], self.message_ids[index], self.keys[index])
 
+    def add_if_first(
+        self, record: InputRecord, message_id: str, utf8_id: bytes, seen: set[bytes]
+    ) -> bool:
+        """Append the record unless its id is in `seen` (a repeat in its batch: False);
+        `seen` gets its store key."""
+        key = id_key(message_id)
+        if key in seen:
+            return False
+        seen.add(key)
+        self.records.append(record)
+        self.message_ids.append(message_id)
+        self.utf8_ids.append(utf8_id)
+        self.keys.append(key)
+        return True
+
     def where(self, keep: Sequence[bool]) -> Firsts:
         """The rows whose ``keep`` is true, in order."""
         if len(keep) != len(self.records):
@@ -175,15 +190,8 @@ def _triage_each(records: Sequence[InputRecord], spec: IdSpec, field: str | None
             except InvalidRecord as invalid:
                 dead.append(DeadLetter(record, invalid.reason, invalid.detail))
                 continue
-        key = id_key(message_id)
-        if key in seen:
+        if not firsts.add_if_first(record, message_id, message_id.encode(), seen):
             repeats += 1
-            continue
-        seen.add(key)
-        firsts.records.append(record)
-        firsts.message_ids.append(message_id)
-        firsts.utf8_ids.append(message_id.encode())
-        firsts.keys.append(key)
     return Triage(firsts, repeats, dead, newest_ms)
 
 

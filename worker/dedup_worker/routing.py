@@ -34,7 +34,7 @@ from operator import eq, ne
 from typing import Final
 
 from dedup_worker.batch import DeadLetter, Firsts, Headers, InputRecord, Triage
-from dedup_worker.ids import ID_HEADER, MAX_ID_BYTES, id_key
+from dedup_worker.ids import ID_HEADER, MAX_ID_BYTES
 
 FORWARD_ID: Final = ID_HEADER
 FORWARD_ORIGIN: Final = "dedup.origin"
@@ -101,7 +101,7 @@ def triage_forwarded(records: Sequence[InputRecord]) -> Triage:
                 message_id = utf8_id.decode()
             except UnicodeDecodeError:
                 message_id = None
-        if message_id is None:
+        if utf8_id is None or message_id is None:
             dead.append(
                 DeadLetter(
                     record,
@@ -111,15 +111,8 @@ def triage_forwarded(records: Sequence[InputRecord]) -> Triage:
                 )
             )
             continue
-        key = id_key(message_id)
-        if key in seen:
+        if not firsts.add_if_first(record, message_id, utf8_id, seen):
             repeats += 1
-            continue
-        seen.add(key)
-        firsts.records.append(record)
-        firsts.message_ids.append(message_id)
-        firsts.utf8_ids.append(utf8_id)  # type: ignore[arg-type]
-        firsts.keys.append(key)
     return Triage(firsts, repeats, dead, newest_ms)
 
 
