@@ -185,10 +185,6 @@ class _Batch:
             len(self.records), len(self.new), self.duplicates, len(self.dead_letters)
         )
 
-    @property
-    def forwarded(self) -> int:
-        return len(self.forwards)
-
     def on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self.last_output_offset = int(msg.offset())
