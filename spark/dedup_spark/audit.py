@@ -27,7 +27,8 @@ rest is `pending`, not yet the pipeline's to have done):
 * **missing**: valid input occurrences that no publication accounts for. An occurrence
   is accounted for when it is *published* (an output record is the publication of the
   first input occurrence, by partition and offset, with the same id and timestamp, as
-  the worker keeps the input's timestamp), or when a publication of its id lies within
+  the worker keeps the input's timestamp, and with its contents when digests tell
+  copies of one millisecond apart), or when a publication of its id lies within
   ±(window + slack) of it, except one from a *later* offset of the same input partition
   (the owner meets one input partition's records in offset order, directly or through
   its internal partition, so that publication came after this occurrence and cannot be
@@ -545,12 +546,21 @@ def audit_ids(
         lo, hi = 0, 0
 
     # Output: the input occurrence each record published (same id and timestamp, the
-    # first by partition and offset), then duplicates, unexpected, placement, contents.
+    # first by partition and offset, preferring its contents), then duplicates, unexpected,
+    # placement, contents.
     times, rank = np.unique(np.concatenate([it, ot]), return_inverse=True)
     rank = rank.astype(np.int64).reshape(-1)
     in_key = in_code * len(times) + rank[:n_in]
     out_key = out_code * len(times) + rank[n_in:]
     source = _first_row(in_key, out_key) if n_in else np.full(len(out_code), -1, np.int64)
+    # Copies of an id with one timestamp (a millisecond) can arrive on several partitions;
+    # when their contents differ, the output's contents say which one it published.
+    other = (source >= 0) & (odig != NO_DIGEST)
+    other[other] = idig[source[other]] != odig[other]
+    if other.any():
+        rows = np.flatnonzero(other)
+        same_row = _first_pair_row(in_key, idig, out_key[rows], odig[rows])
+        source[rows] = np.where(same_row >= 0, same_row, source[rows])
     has_source = source >= 0
     src = np.maximum(source, 0)
     out_in_range = (
@@ -985,6 +995,20 @@ def _first_row(
     key, row = key[first], order[first]
     at = np.minimum(np.searchsorted(key, out_key), len(key) - 1)
     return np.where((out_key >= 0) & (key[at] == out_key), row[at], -1).astype(np.int64)
+
+
+def _first_pair_row(
+    in_key: npt.NDArray[np.int64],
+    in_value: npt.NDArray[np.int64],
+    key: npt.NDArray[np.int64],
+    value: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Per (key, value) pair, the first input row with that pair (-1: none)."""
+    both = np.stack([np.concatenate([in_key, key]), np.concatenate([in_value, value])], axis=1)
+    _, pair = np.unique(both, axis=0, return_inverse=True)
+    pair = pair.reshape(-1).astype(np.int64)
+    found = _first_row(pair[: len(in_key)], pair[len(in_key) :])
+    return np.where(key >= 0, found, -1).astype(np.int64)
 
 
 def _previous_publication(

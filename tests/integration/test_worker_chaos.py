@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import SparkSession
 
 from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
+from dedup_spark import reconcile
+from dedup_spark.audit import AuditRange
+from dedup_spark.source import KafkaSource
 from support.ownership_pipeline import WORKERS, Pipeline, assert_exact
 from support.ownership_pipeline import produce as produce_routed
 from support.worker_helpers import (
@@ -142,12 +146,14 @@ def test_sigkill_at_random_points_loses_and_doubles_nothing(kafka: Any, tmp_path
 OWNED_RECORDS = 60_000
 
 
-def test_sigkill_under_ownership_with_a_round_robin_producer(kafka: Any, tmp_path: Path) -> None:
+def test_sigkill_under_ownership_with_a_round_robin_producer(
+    kafka: Any, spark: SparkSession, tmp_path: Path
+) -> None:
     """Two workers under ownership, input written round-robin (each repeat on any
     partition), SIGKILLed at random moments and at the fault points: right after a
     commit, before it, and in the middle of forwarding (a transaction open with records
     on the internal topic). Every id is then published exactly once across the output,
-    on its owner's partition."""
+    on its owner's partition, and the Spark audit passes on that output."""
     rng = random.Random(20261125)
     pipe = Pipeline(kafka, tmp_path, inputs=2)
     ids = make_stream(rng)[:OWNED_RECORDS]
@@ -193,3 +199,28 @@ def test_sigkill_under_ownership_with_a_round_robin_producer(kafka: Any, tmp_pat
     print(f"kills: {kills} external + {self_kills} at fault points")
     assert self_kills > 0, "the fault points fired"
     pipe.stop_all()
+    cfg = pipe.config(0)
+    now_ms = int(time.time() * 1000)
+    summary = reconcile.run(
+        spark,
+        reconcile.AuditJob(
+            pipeline=pipe.name,
+            namespace="default",
+            kafka=KafkaSource(pipe.bootstrap),
+            input_topic=pipe.input_topic,
+            output_topic=pipe.output_topic,
+            dead_letter_topic=cfg.dead_letter_topic,
+            id_spec=cfg.id_spec,
+            window_ms=24 * 3_600_000,
+            slack_ms=6 * 3_600_000,  # the window's coarseness: 1/generations
+            audit_range=AuditRange(now_ms - 3_600_000, now_ms + 3_600_000),
+            report_dir=str(tmp_path / "audit"),
+            consumer_group=cfg.group,
+            workers=WORKERS,
+            owned_topic=pipe.owned_topic,
+        ),
+    )
+    totals = summary["totals"]
+    assert summary["passed"], json.dumps(totals)
+    assert (totals["duplicates"], totals["misplaced"], totals["missing"]) == (0, 0, 0)
+    assert totals["published"] == len(set(ids)) and totals["pending"] == 0

@@ -4,7 +4,9 @@
 maxima, binary searches over time ranks). This oracle does not reuse those formulas: it
 loops over records. Ids are grouped across partitions; which occurrence of an id is the
 published one is not defined across partitions, so it accepts any occurrence with the
-publication's id and timestamp for the contents, and asks of each unpublished checked
+publication's id and timestamp for the contents (and takes, for the order, the first
+whose contents are the publication's: copies of an id in one millisecond on two
+partitions are told apart by their payloads), and asks of each unpublished checked
 occurrence only: is there a publication of its id within window + slack of it that the
 owner may have made before meeting it? A publication from a later offset of the same
 input partition cannot be one (the owner meets one input partition's records in order);
@@ -114,7 +116,9 @@ def reference_records(
     counted: dict[tuple[int, int], bool] = {}
     for out in outputs:
         found = occurrences.get((out.id, out.timestamp_ms), []) if out.id is not None else []
-        origin = found[0] if found else None
+        # the first with the output's contents, when they are known; else the first
+        same = [r for r in found if out.digest is not None and r.digest == out.digest]
+        origin = same[0] if same else found[0] if found else None
         source[(out.partition, out.offset)] = origin
         is_counted = (
             (origin.partition, origin.offset) in checked

@@ -259,3 +259,25 @@ def test_the_vectorised_audit_agrees_with_the_loops_across_partitions(seed: int)
                     committed=committed,
                     retention=retention,
                 )
+
+
+def test_copies_with_one_timestamp_are_told_apart_by_their_contents() -> None:
+    """Two copies of an id in one millisecond on two partitions, with other payloads: the
+    owner published the second partition's copy (it read that partition directly). The
+    output's contents say which occurrence it is, so the first partition's order holds
+    and nothing is missing."""
+    x = "copy-x"
+    w = owner(x)
+    z = next(f"copy-z{i}" for i in range(100) if owner(f"copy-z{i}") == w)
+    inputs = [
+        InputRecord(0, 100, x, digest=11, partition=0),
+        InputRecord(1, 101, z, digest=19, partition=0),
+        InputRecord(0, 100, x, digest=12, partition=1),
+    ]
+    outputs = [
+        OutputRecord(0, 101, z, digest=19, partition=w),
+        OutputRecord(1, 100, x, digest=12, partition=w),
+    ]
+    totals = run(inputs, outputs, []).totals()
+    assert passed(totals), {k: v for k, v in totals.items() if v}
+    assert (totals["orderViolations"], totals["missing"], totals["contentMismatches"]) == (0, 0, 0)
