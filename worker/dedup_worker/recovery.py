@@ -181,12 +181,16 @@ def owned_from_other_partitions(
 ) -> int:
     """Add to the store the ids this worker owns that were published on the other
     output partitions within the window; how many. The store's output offset (its own
-    partition's) is not touched, so a crash here repeats the rebuild."""
+    partition's) is not touched, so a crash here repeats the rebuild. Each partition is
+    read up to its end as looked up first: what the other workers publish meanwhile is
+    theirs (under ownership no other worker publishes an id this one owns), and chasing
+    their output while they run made a start take seconds more."""
     metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
     if metadata is None or metadata.error is not None:
         raise KafkaException(metadata.error if metadata is not None else KafkaError._UNKNOWN_TOPIC)
     others = [p for p in sorted(metadata.partitions) if p != partition]
     starts: list[TopicPartition] = []
+    ends: dict[int, int] = {}
     for other in others:
         tp = TopicPartition(topic, other)
         low, end = consumer.get_watermark_offsets(tp, timeout=30)
@@ -198,6 +202,7 @@ def owned_from_other_partitions(
             first = int(end) if found < 0 else int(found)
         if first < int(end):
             starts.append(TopicPartition(topic, other, first))
+            ends[other] = int(end)
     if not starts:
         return 0
     consumer.assign(starts)
@@ -214,6 +219,11 @@ def owned_from_other_partitions(
                         open_partitions.discard(msg.partition())
                         continue
                     raise KafkaException(err)
+                at = int(msg.offset())
+                if at + 1 >= ends[msg.partition()]:  # the end looked up first: done
+                    open_partitions.discard(msg.partition())
+                    if at >= ends[msg.partition()]:
+                        continue
                 message_id = _id_header(msg.headers())
                 if message_id is None or ownership.owner(message_id, workers) != partition:
                     continue
