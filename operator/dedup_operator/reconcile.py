@@ -508,7 +508,8 @@ def _act(
             namespace, name, names.FINALIZER_TAINTS, present=True, resource_version=version
         )
     if the_plan.record is not None:
-        faults.maybe_stop("operator-before-handover-record")
+        if "partitions" in the_plan.record:  # not the ownership generation's record alone
+            faults.maybe_stop("operator-before-handover-record")
         version = kube.patch_status(namespace, name, the_plan.record, resource_version=version)
     for event in the_plan.events:  # the pipeline's own steps, once recorded
         record(*event)

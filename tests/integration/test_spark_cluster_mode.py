@@ -103,6 +103,9 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
     name = unique("clustermode")
     for suffix in ("in", "out", "dlq"):
         kafka.create_topic(f"{name}-{suffix}", 1)
+    # the internal topic the rendered audit reads for pending forwards (one worker:
+    # nothing is forwarded; the operator would have created it)
+    kafka.create_topic(names.owned_topic(ns, name), 1)
     ids = [f"ev-{i % 150}" for i in range(200)]  # 50 repeats within the window
     produce(kafka.bootstrap, f"{name}-in", [*(event(i) for i in ids), b"{not json"])
     run_until_consumed(DedupWorker(worker_config(kafka.bootstrap, tmp_path, name)), len(ids) + 1)
