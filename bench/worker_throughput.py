@@ -29,6 +29,28 @@ none); anything else is an error and the bench exits non-zero.
 process per partition on this one machine, all started together: records/s over all of
 them, CPU seconds per record (worker processes and the broker, from /proc), peak RSS.
 
+Ownership (issue 26; WorkerConfig.owned_topic and .workers), each mode in its own
+section below, combinable in one invocation (run in this order):
+
+    python bench/worker_throughput.py --ownership-cost [--records 2000000,5000000] [--pairs 3]
+    python bench/worker_throughput.py --round-robin [--records 2000000]
+    python bench/worker_throughput.py --commit-p99 [--workers 4,16,64] [--records 1000000]
+
+* `--ownership-cost`: one input keyed by id over 4 partitions, 4 worker processes, in
+  alternating runs on the same broker: (a) without ownership (worker p reads input p),
+  (b) under ownership (every record hashed, none forwarded). records/s of each, (b)/(a)
+  per pair and the median (target >= 0.97), and Kafka Streams (4 stream threads) once
+  per count on the same input.
+* `--round-robin`: record n on partition n % 4; ours: 4 workers under ownership (3/4 of
+  the records forwarded); Kafka Streams re-keying by the id through a repartition topic
+  (4 stream threads). Target >= 2x.
+* `--commit-p99`: one worker process, worker 0 of W under ownership, on a 1-partition
+  input, so (W-1)/W of its records go to up to W-1 internal partitions each batch:
+  commit p50/p99 and records/s for each W.
+
+Every output is checked over all its partitions: every distinct id exactly once, each on
+its owner's partition.
+
 Targets on a 2-core machine: >= 100,000 records/s, >= 3x Quix Streams, >= 2x Kafka
 Streams at 2M and 5M records, commit p99 <= 100 ms.
 """
@@ -36,16 +58,21 @@ Streams at 2M and 5M records, commit p99 <= 100 ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +89,7 @@ from peers import kstreams_peer as kstreams
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig
-from dedup_worker.loop import DedupWorker
+from dedup_worker.loop import BatchResult, DedupWorker
 from dedup_worker.ownership import owner
 from dedup_worker.window import WindowPolicy
 
@@ -82,7 +109,12 @@ def workload(records: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
         else:
             key = f"evt-{uniques:012d}".encode()
             uniques += 1
-        body = {"messageId": key.decode(), "user": rng.randrange(10**6), "seq": n, "pad": ""}
+        body = {
+            "messageId": key.decode(),
+            "user": rng.randrange(10**6),
+            "seq": n,
+            "pad": "",
+        }
         raw = json.dumps(body)
         body["pad"] = "x" * max(0, 300 - len(raw))
         out.append((key, json.dumps(body).encode()))
@@ -90,10 +122,15 @@ def workload(records: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
 
 
 def fill(
-    bootstrap: str, topic: str, data: Sequence[tuple[bytes, bytes]], partitions: int = 1
+    bootstrap: str,
+    topic: str,
+    data: Sequence[tuple[bytes, bytes]],
+    partitions: int = 1,
+    round_robin: bool = False,
 ) -> None:
     """Produce ``data`` into ``topic``: all into partition 0, or over ``partitions`` by id
-    as Kafka's default partitioner places a record keyed by it."""
+    as Kafka's default partitioner places a record keyed by it, or (``round_robin``)
+    record n into partition n % ``partitions`` (still keyed by the id)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -106,9 +143,11 @@ def fill(
         {
             "key": key,
             "value": value,
-            "partition": 0 if partitions == 1 else owner(key, partitions),
+            "partition": (
+                0 if partitions == 1 else n % partitions if round_robin else owner(key, partitions)
+            ),
         }
-        for key, value in data
+        for n, (key, value) in enumerate(data)
     )
     produce_all(producer, topic, records, timeout_s=120)
 
@@ -208,7 +247,8 @@ def quix_python() -> Path:
         print(f"[bench] installing quixstreams=={version} into {venv} (once)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"quixstreams=={version}"], check=True
+            [str(python), "-m", "pip", "install", "-q", f"quixstreams=={version}"],
+            check=True,
         )
     return python
 
@@ -242,13 +282,18 @@ def run_quix(
 class Committed:
     records: int
     distinct_keys: int
+    misplaced: int = 0  # records not on partition owner(key, workers), when asked
 
 
-def count_committed(bootstrap: str, topic: str, timeout_s: float = 300.0) -> Committed:
+def count_committed(
+    bootstrap: str, topic: str, timeout_s: float = 300.0, workers: int | None = None
+) -> Committed:
     """Records and distinct keys (the workload's keys are the ids) committed in ``topic``,
-    read by an independent read_committed consumer from the beginning to the high
-    watermark as it stands now (the run is over: every transaction is complete or will
-    have its marker written shortly, and the reader's position passes the markers)."""
+    over all its partitions, read by an independent read_committed consumer from the
+    beginning to the high watermark as it stands now (the run is over: every transaction
+    is complete or will have its marker written shortly, and the reader's position passes
+    the markers). With ``workers``, also how many records are not on their owner's
+    partition (ownership publishes each id to partition owner(id, workers))."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -273,7 +318,7 @@ def count_committed(bootstrap: str, topic: str, timeout_s: float = 300.0) -> Com
             return Committed(0, 0)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         keys: set[bytes | None] = set()
-        records = 0
+        records = misplaced = 0
         pending = set(ends)
         deadline = time.monotonic() + timeout_s
         while pending:
@@ -283,13 +328,16 @@ def count_committed(bootstrap: str, topic: str, timeout_s: float = 300.0) -> Com
                 err = msg.error()
                 if err is None:
                     records += 1
-                    keys.add(msg.key())
+                    key = msg.key()
+                    keys.add(key)
+                    if workers is not None and owner(key or b"", workers) != msg.partition():
+                        misplaced += 1
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise RuntimeError(f"reading {topic}: {err}")
             for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
                 if tp.offset >= ends[tp.partition]:
                     pending.discard(tp.partition)
-        return Committed(records, len(keys))
+        return Committed(records, len(keys), misplaced)
     finally:
         consumer.close()
 
@@ -341,7 +389,12 @@ def partition_child(spec: str) -> int:
     cpu_before = cpu_seconds()
     started = time.time()
     result = run_ours(
-        bootstrap, name, int(records), Path(store), int(batch_size), partition=int(partition)
+        bootstrap,
+        name,
+        int(records),
+        Path(store),
+        int(batch_size),
+        partition=int(partition),
     )
     done = time.time()
     print(
@@ -360,7 +413,12 @@ def partition_child(spec: str) -> int:
 
 
 def start_child(
-    bootstrap: str, name: str, partition: int, records: int, store: Path, batch_size: int
+    bootstrap: str,
+    name: str,
+    partition: int,
+    records: int,
+    store: Path,
+    batch_size: int,
 ) -> subprocess.Popen[str]:
     """A worker process of its own (`partition_child`) on `partition` of `name`'s topics:
     it holds none of the bench's workload (a worker in a pod holds only its own state;
@@ -368,7 +426,9 @@ def start_child(
     each peer runs in a process of its own too."""
     spec = "|".join([bootstrap, name, str(partition), str(records), str(store), str(batch_size)])
     return subprocess.Popen(
-        [sys.executable, __file__, "--partition-child", spec], stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--partition-child", spec],
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -382,7 +442,12 @@ def child_result(child: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def run_ours_in_child(
-    bootstrap: str, name: str, partition: int, records: int, store: Path, batch_size: int
+    bootstrap: str,
+    name: str,
+    partition: int,
+    records: int,
+    store: Path,
+    batch_size: int,
 ) -> dict[str, float]:
     """`run_ours` in a worker process of its own (`start_child`)."""
     return child_result(start_child(bootstrap, name, partition, records, store, batch_size))
@@ -412,7 +477,14 @@ def run_partitions(
             per_partition[owner(key, n)] += 1
         broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
         children = [
-            start_child(bootstrap, name, p, per_partition[p], tmp / f"{name}-store-{p}", batch_size)
+            start_child(
+                bootstrap,
+                name,
+                p,
+                per_partition[p],
+                tmp / f"{name}-store-{p}",
+                batch_size,
+            )
             for p in range(n)
         ]
         results = []
@@ -453,6 +525,600 @@ def run_partitions(
     return 0
 
 
+# --- ownership modes ------------------------------------------------------------------------
+#
+# Workers under ownership (WorkerConfig.owned_topic and .workers) read several sources and
+# forward what they do not own, so no single worker knows when the run is over. Each runs
+# in a process of its own (`owner_child`) and prints, after every completed batch, what
+# its committed batches did so far: input records read, records received from the internal
+# topic, records forwarded to it. The run is over when every worker has read its input
+# and every forwarded record has been received (nothing is forwarded twice: the internal
+# topic's partition is its owner's); the bench then tells the workers to stop.
+#
+# The workers start (Store, transactions, catch-up, assignment) and then wait until every
+# one has: under ownership a fresh store's full rebuild reads every output partition to
+# its end, and a worker that started late would otherwise read what the others published
+# meanwhile (seen: 10-20 s start-ups). Steady: from that go to the last batch completed;
+# records/s: from the first worker's start (start-ups included, as the other modes).
+
+
+@dataclass(frozen=True)
+class OwnerSpec:
+    """One worker process of an ownership run (JSON on the command line)."""
+
+    bootstrap: str
+    pipeline: str
+    input_topic: str
+    output_topic: str
+    partition: int
+    input_records: int  # input records this worker reads
+    store: str
+    batch_size: int
+    owned_topic: str | None = None
+    workers: int | None = None
+    coordinated: bool = True  # stop when told on stdin; else once the input is read
+
+
+def owner_child(text: str) -> int:
+    """(Child process of the ownership modes.) One worker; progress lines, then a result."""
+    spec = OwnerSpec(**json.loads(text))
+    cfg = WorkerConfig(
+        bootstrap_servers=spec.bootstrap,
+        input_topic=spec.input_topic,
+        output_topic=spec.output_topic,
+        dead_letter_topic=f"{spec.pipeline}-dlq",
+        partition=spec.partition,
+        pipeline=spec.pipeline,
+        store_path=Path(spec.store),
+        window=WindowPolicy(duration_ms=WINDOW_MS, max_keys=None),
+        batch_size=spec.batch_size,
+        linger_ms=20,
+        owned_topic=spec.owned_topic,
+        workers=spec.workers,
+    )
+    latencies: list[float] = []
+    counts = {"input": 0, "received": 0, "forwarded": 0}
+
+    class Counted(DedupWorker):
+        def _commit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            ok = super()._commit(*args, **kwargs)
+            latencies.append(time.perf_counter() - t)
+            return ok
+
+        def _complete(self) -> tuple[BatchResult, bool, int]:
+            batch = self._in_flight
+            done = super()._complete()
+            if batch is not None and not done[1]:
+                counts["input"] += len(batch.records) - batch.received
+                counts["received"] += batch.received
+                counts["forwarded"] += len(batch.forwards)
+            return done
+
+    stop = threading.Event()
+    go = threading.Event()
+    if spec.coordinated:
+
+        def listen() -> None:
+            for line in sys.stdin:
+                if line.strip() == "go":
+                    go.set()
+                if line.strip() == "stop":
+                    break
+            go.set()
+            stop.set()  # told, or the bench is gone
+
+        threading.Thread(target=listen, daemon=True).start()
+    else:
+        go.set()
+
+    cpu_before = cpu_seconds()
+    worker = Counted(cfg)
+    started = time.time()
+    worker.start()
+    ready = time.time()
+    if spec.coordinated:
+        print(json.dumps({**counts, "ready": ready}), flush=True)
+    go.wait()
+    went = time.time()
+    last = went
+    while not stop.is_set():
+        if worker.process_batch().consumed:
+            last = time.time()
+            print(json.dumps(counts), flush=True)
+            if not spec.coordinated and counts["input"] >= spec.input_records:
+                break
+    worker.close()
+    print(
+        json.dumps(
+            {
+                **counts,
+                "final": True,
+                "started": started,
+                "ready": ready,
+                "went": went,
+                "done": last,
+                "commits": len(latencies),
+                "p50_commit_ms": percentile(latencies, 0.50) * 1000 if latencies else 0.0,
+                "p99_commit_ms": percentile(latencies, 0.99) * 1000 if latencies else 0.0,
+                "cpu_s": cpu_seconds() - cpu_before,
+                "peak_rss_mib": peak_rss_mib(),
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+def tell(children: list[subprocess.Popen[str]], word: str) -> None:
+    """Write ``word`` to the stdin of each running worker process."""
+    for child in children:
+        if child.poll() is None and child.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.write(word + "\n")
+                child.stdin.flush()
+
+
+def run_owners(specs: list[OwnerSpec], timeout_s: float = 1800.0) -> list[dict[str, Any]]:
+    """Run one worker process per spec, all started together, until every input record
+    is read and every forwarded record received; each worker's final result."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--owner-child", json.dumps(asdict(spec))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for spec in specs
+    ]
+    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def read(i: int, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.put((i, line))
+        lines.put((i, None))
+
+    for i, child in enumerate(children):
+        threading.Thread(target=read, args=(i, child), daemon=True).start()
+    progress: list[dict[str, int]] = [{"input": 0, "received": 0, "forwarded": 0} for _ in specs]
+    finals: dict[int, dict[str, Any]] = {}
+    ready: set[int] = set()
+    told = finished = False
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(finals) < len(children):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the workers did not finish within {timeout_s:.0f} s: {progress}"
+                )
+            try:
+                i, line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                if i not in finals:
+                    code = children[i].wait()
+                    raise RuntimeError(f"worker {specs[i].partition} exited with {code}")
+                continue
+            state = json.loads(line)
+            progress[i] = state
+            if state.get("final"):
+                finals[i] = state
+            elif "ready" in state:
+                ready.add(i)
+                if len(ready) == len(children):
+                    tell(children, "go")
+                continue
+            done = all(p["input"] >= s.input_records for p, s in zip(progress, specs, strict=True))
+            if (
+                not told
+                and done
+                and sum(p["received"] for p in progress) >= sum(p["forwarded"] for p in progress)
+            ):
+                told = True
+                tell(children, "stop")
+        finished = True
+    finally:
+        for child in children:
+            if child.poll() is None and not finished:
+                child.kill()
+            child.wait()
+    return [finals[i] for i in range(len(children))]
+
+
+@dataclass(frozen=True)
+class OwnersRun:
+    records_per_s: float  # from the first worker's start (start-ups included)
+    steady_records_per_s: float  # from the go after every worker's start-up
+    startup_s: float
+    p50_ms: float
+    p99_ms: float
+    forwarded: int
+    worker_cpu_us: float
+    results: list[dict[str, Any]]
+
+
+def owners_run(
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    name: str,
+    input_topic: str,
+    per_partition: list[int],
+    tmp: Path,
+    batch_size: int,
+    *,
+    ownership: bool,
+    output_partitions: int | None = None,
+) -> OwnersRun:
+    """One timed run: a worker per input partition (without ownership: worker p reads
+    input p; under ownership: worker w of len(per_partition)), on ``name``'s own output,
+    dead-letter and (under ownership) internal topics and consumer group."""
+    workers = len(per_partition)
+    if broker is not None:
+        broker.create_topic(f"{name}-out", output_partitions or workers)
+        broker.create_topic(f"{name}-dlq", 1)
+        if ownership:
+            broker.create_topic(f"{name}-owned", workers)
+    specs = [
+        OwnerSpec(
+            bootstrap=bootstrap,
+            pipeline=name,
+            input_topic=input_topic,
+            output_topic=f"{name}-out",
+            partition=w,
+            input_records=per_partition[w],
+            store=str(tmp / f"{name}-store-{w}"),
+            batch_size=batch_size,
+            owned_topic=f"{name}-owned" if ownership else None,
+            workers=workers if ownership else None,
+        )
+        for w in range(workers)
+    ]
+    results = run_owners(specs)
+    for w in range(workers):
+        shutil.rmtree(tmp / f"{name}-store-{w}", ignore_errors=True)
+    wall = max(r["done"] for r in results) - min(r["started"] for r in results)
+    records = sum(per_partition)
+    steady = max(r["done"] for r in results) - min(r["went"] for r in results)
+    return OwnersRun(
+        records_per_s=records / wall,
+        steady_records_per_s=records / steady,
+        startup_s=max(r["ready"] - r["started"] for r in results),
+        p50_ms=max(r["p50_commit_ms"] for r in results),
+        p99_ms=max(r["p99_commit_ms"] for r in results),
+        forwarded=sum(r["forwarded"] for r in results),
+        worker_cpu_us=sum(r["cpu_s"] for r in results) / records * 1e6,
+        results=results,
+    )
+
+
+def drop_topics(broker: KafkaBroker | None, *topics: str) -> None:
+    """Delete a finished run's topics (the bench's disk; nothing waits for it)."""
+    if broker is not None:
+        broker.admin().delete_topics(list(topics), operation_timeout=30)
+
+
+def check_owned_output(
+    bootstrap: str, label: str, topic: str, uniques: int, workers: int
+) -> str | None:
+    """Every id once across all of ``topic``'s partitions, each on its owner's."""
+    out = count_committed(bootstrap, topic, workers=workers)
+    ok = out.records == uniques and out.distinct_keys == uniques and out.misplaced == 0
+    print(
+        f"check: {label}: {out.records:,} records, {out.distinct_keys:,} distinct ids committed "
+        f"over all partitions (expected {uniques:,} each), {out.misplaced} not on their "
+        f"owner's partition: {'ok' if ok else 'WRONG'}",
+        flush=True,
+    )
+    if ok:
+        return None
+    return (
+        f"{label}'s committed output is wrong: {out.records:,} records, "
+        f"{out.distinct_keys:,} distinct ids (expected {uniques:,}), {out.misplaced} misplaced"
+    )
+
+
+def run_ownership_cost(
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    counts: list[int],
+    pairs: int,
+    tmp: Path,
+    batch_size: int,
+    peer: bool,
+) -> int:
+    """(a) 4 workers without ownership against (b) 4 under ownership, alternating, on one
+    input keyed by id over 4 partitions (every record hashed, none forwarded)."""
+    partitions = 4
+    print(
+        f"[bench] ownership cost: keyed by id over {partitions} partitions, {partitions} worker "
+        f"processes; (a) without ownership, (b) under ownership (every record hashed, none "
+        f"forwarded), alternating, {pairs} pair(s) per count; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    summary: list[tuple[int, list[OwnersRun], list[OwnersRun], tuple[float, float] | None]] = []
+    for records in counts:
+        data = workload(records)
+        uniques = len({key for key, _ in data})
+        per_partition = [0] * partitions
+        for key, _ in data:
+            per_partition[owner(key, partitions)] += 1
+        input_topic = f"oc-{records}-in"
+        if broker is not None:
+            broker.create_topic(input_topic, partitions)
+        fill(bootstrap, input_topic, data, partitions=partitions)
+        del data
+        plain: list[OwnersRun] = []
+        owned: list[OwnersRun] = []
+        for pair in range(1, pairs + 1):
+            for mode in ("a", "b"):
+                name = f"oc-{records}-{mode}{pair}"
+                run = owners_run(
+                    bootstrap,
+                    broker,
+                    name,
+                    input_topic,
+                    per_partition,
+                    tmp,
+                    batch_size,
+                    ownership=mode == "b",
+                )
+                (plain if mode == "a" else owned).append(run)
+                label = "(a) without ownership" if mode == "a" else "(b) under ownership  "
+                print(
+                    f"ours : {records:,} pair {pair} {label}: {run.records_per_s:>9,.0f} records/s "
+                    f"(steady {run.steady_records_per_s:,.0f}/s, startup {run.startup_s:.2f}s)  "
+                    f"CPU/record (workers) {run.worker_cpu_us:.1f} us  "
+                    f"commit p50 {run.p50_ms:.1f} ms p99 {run.p99_ms:.1f} ms (worst worker)  "
+                    f"forwarded {run.forwarded}",
+                    flush=True,
+                )
+                error = check_owned_output(bootstrap, name, f"{name}-out", uniques, partitions)
+                if error is None and mode == "b" and run.forwarded:
+                    error = f"{name}: {run.forwarded} records forwarded where none should be"
+                if error:
+                    print(f"ERROR: {error}", file=sys.stderr)
+                    return 1
+                drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+            print(
+                f"ratio: {records:,} pair {pair}: (b)/(a) = "
+                f"{owned[-1].records_per_s / plain[-1].records_per_s:.3f}, steady "
+                f"{owned[-1].steady_records_per_s / plain[-1].steady_records_per_s:.3f}",
+                flush=True,
+            )
+        ks_rate = None
+        if peer:
+            name = f"oc-{records}-kstreams"
+            if broker is not None:
+                broker.create_topic(f"{name}-out", partitions)
+                broker.create_topic(f"{name}-dlq", 1)
+            result = kstreams.run(
+                bootstrap,
+                input_topic,
+                f"{name}-out",
+                f"{name}-dlq",
+                records,
+                uniques,
+                tmp / f"{name}-state",
+                window_ms=WINDOW_MS,
+                threads=partitions,
+            )
+            ks_rate = (result.records_per_s, result.steady_records_per_s)
+            print(
+                f"peer : {records:,}: {ks_rate[0]:>9,.0f} records/s (Kafka Streams "
+                f"{kstreams.kafka_version()}, exactly_once_v2, {partitions} stream threads, "
+                f"{result.store} store; steady {result.steady_records_per_s:,.0f}/s)",
+                flush=True,
+            )
+            error = check_owned_output(
+                bootstrap, "Kafka Streams", f"{name}-out", uniques, partitions
+            )
+            if error:
+                print(f"ERROR: {error}", file=sys.stderr)
+                return 1
+            drop_topics(broker, f"{name}-out", f"{name}-dlq")
+            shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
+        drop_topics(broker, input_topic)
+        summary.append((records, plain, owned, ks_rate))
+    print(
+        f"{'records':>10} {'rate':>6} {'(a) median/s':>13} {'(b) median/s':>13} "
+        f"{'b/a per pair':>24} {'median b/a':>10} {'Kafka Streams/s':>16} {'(b)/KS':>7}"
+    )
+    worst = {"wall": float("inf"), "steady": float("inf")}
+    for records, plain, owned, ks_rate in summary:
+        for rate in ("wall", "steady"):
+            a = [r.records_per_s if rate == "wall" else r.steady_records_per_s for r in plain]
+            b = [r.records_per_s if rate == "wall" else r.steady_records_per_s for r in owned]
+            ratios = [y / x for x, y in zip(a, b, strict=True)]
+            worst[rate] = min(worst[rate], statistics.median(ratios))
+            ks = ""
+            if ks_rate:  # (wall, steady) of Kafka Streams: from its start, its first record
+                peer_rate = ks_rate[0] if rate == "wall" else ks_rate[1]
+                ks = f"{peer_rate:>16,.0f} {statistics.median(b) / peer_rate:>6.2f}x"
+            print(
+                f"{records:>10,} {rate:>6} {statistics.median(a):>13,.0f} "
+                f"{statistics.median(b):>13,.0f} {', '.join(f'{r:.3f}' for r in ratios):>24} "
+                f"{statistics.median(ratios):>10.3f} {ks}"
+            )
+    for rate, ratio in worst.items():
+        print(
+            f"target ({rate}): median (b)/(a) >= 0.97 at every count: "
+            f"{'met' if ratio >= 0.97 else 'MISSED'} (lowest median {ratio:.3f})"
+        )
+    return 0
+
+
+def run_round_robin(
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    records: int,
+    tmp: Path,
+    batch_size: int,
+    peer: bool,
+) -> int:
+    """Records produced round-robin over 4 partitions: ours under ownership against a
+    Kafka Streams app re-keying by the id through a repartition topic."""
+    partitions = 4
+    data = workload(records)
+    uniques = len({key for key, _ in data})
+    per_partition = [len(range(p, records, partitions)) for p in range(partitions)]
+    input_topic = f"rr-{records}-in"
+    if broker is not None:
+        broker.create_topic(input_topic, partitions)
+    fill(bootstrap, input_topic, data, partitions=partitions, round_robin=True)
+    del data
+    print(
+        f"[bench] round-robin: {records:,} records of ~300 B, {DUPLICATE_SHARE:.0%} duplicates, "
+        f"record n on partition n % {partitions}; {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    name = f"rr-{records}-ours"
+    run = owners_run(
+        bootstrap,
+        broker,
+        name,
+        input_topic,
+        per_partition,
+        tmp,
+        batch_size,
+        ownership=True,
+    )
+    print(
+        f"ours : {run.records_per_s:>9,.0f} records/s (steady {run.steady_records_per_s:,.0f}/s; "
+        f"{partitions} workers under ownership; "
+        f"forwarded {run.forwarded:,} = {run.forwarded / records:.1%} of the input; "
+        f"CPU/record (workers) {run.worker_cpu_us:.1f} us; startup {run.startup_s:.2f}s; "
+        f"commit p50 {run.p50_ms:.1f} ms p99 {run.p99_ms:.1f} ms, worst worker)",
+        flush=True,
+    )
+    errors = [check_owned_output(bootstrap, "ours", f"{name}-out", uniques, partitions)]
+    drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+    if peer:
+        name = f"rr-{records}-kstreams"
+        if broker is not None:
+            broker.create_topic(f"{name}-out", partitions)
+            broker.create_topic(f"{name}-dlq", 1)
+        result = kstreams.run(
+            bootstrap,
+            input_topic,
+            f"{name}-out",
+            f"{name}-dlq",
+            records,
+            uniques,
+            tmp / f"{name}-state",
+            window_ms=WINDOW_MS,
+            threads=partitions,
+            topology="repartition",
+        )
+        print(
+            f"peer : {result.records_per_s:>9,.0f} records/s (Kafka Streams "
+            f"{kstreams.kafka_version()}, exactly_once_v2, {partitions} stream threads, re-keyed by "
+            f"the id through a repartition topic, {result.store} store; steady "
+            f"{result.steady_records_per_s:,.0f}/s)",
+            flush=True,
+        )
+        errors.append(
+            check_owned_output(bootstrap, "Kafka Streams", f"{name}-out", uniques, partitions)
+        )
+        print(
+            f"ratio: {run.records_per_s / result.records_per_s:.2f}x Kafka Streams with a "
+            f"repartition topic, start-ups included; steady "
+            f"{run.steady_records_per_s / result.steady_records_per_s:.2f}x   (target: >= 2x)"
+        )
+        shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
+    wrong = [error for error in errors if error]
+    for error in wrong:
+        print(f"ERROR: {error}", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+def run_commit_p99(
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    records: int,
+    worker_counts: list[int],
+    tmp: Path,
+    batch_size: int,
+) -> int:
+    """Commit latency when each commit writes up to W internal-partition markers: one
+    worker process, worker 0 of W, on a 1-partition input keyed by id, so (W-1)/W of its
+    records go to W-1 internal partitions."""
+    data = workload(records)
+    uniques = {key for key, _ in data}
+    input_topic = f"cp-{records}-in"
+    if broker is not None:
+        broker.create_topic(input_topic, 1)
+    fill(bootstrap, input_topic, data)
+    del data
+    print(
+        f"[bench] commit p99: {records:,} records on 1 input partition, one worker process "
+        f"(worker 0 of W, under ownership), internal and output topics with W partitions",
+        flush=True,
+    )
+    rows = []
+    for workers in worker_counts:
+        name = f"cp-{records}-w{workers}"
+        if broker is not None:
+            broker.create_topic(f"{name}-out", workers)
+            broker.create_topic(f"{name}-dlq", 1)
+            broker.create_topic(f"{name}-owned", workers)
+        spec = OwnerSpec(
+            bootstrap=bootstrap,
+            pipeline=name,
+            input_topic=input_topic,
+            output_topic=f"{name}-out",
+            partition=0,
+            input_records=records,
+            store=str(tmp / f"{name}-store"),
+            batch_size=batch_size,
+            owned_topic=f"{name}-owned",
+            workers=workers,
+            coordinated=False,
+        )
+        (result,) = run_owners([spec])
+        shutil.rmtree(tmp / f"{name}-store", ignore_errors=True)
+        rate = records / (result["done"] - result["ready"])
+        rows.append((workers, result, rate))
+        print(
+            f"ours : W={workers:<3} commit p50 {result['p50_commit_ms']:.1f} ms  p99 "
+            f"{result['p99_commit_ms']:.1f} ms over {result['commits']} commits  "
+            f"{rate:>9,.0f} records/s (after start-up)  forwarded {result['forwarded']:,} "
+            f"({result['forwarded'] / records:.1%})",
+            flush=True,
+        )
+        mine = sum(1 for key in uniques if owner(key, workers) == 0)
+        out = count_committed(bootstrap, f"{name}-out", workers=workers)
+        fwd = count_committed(bootstrap, f"{name}-owned")
+        ok = (
+            out.records == mine
+            and out.distinct_keys == mine
+            and out.misplaced == 0
+            and fwd.distinct_keys == len(uniques) - mine
+        )
+        print(
+            f"check: W={workers}: output {out.records:,} records, {out.distinct_keys:,} distinct "
+            f"ids (expected {mine:,}: the ids worker 0 owns), {out.misplaced} misplaced; internal "
+            f"topic {fwd.distinct_keys:,} distinct ids (expected {len(uniques) - mine:,}): "
+            f"{'ok' if ok else 'WRONG'}",
+            flush=True,
+        )
+        if not ok:
+            print(
+                f"ERROR: W={workers}: the output or the forwarded records are wrong",
+                file=sys.stderr,
+            )
+            return 1
+        drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+    print(f"{'W':>4} {'commits':>8} {'p50 ms':>7} {'p99 ms':>7} {'records/s':>10}")
+    for workers, result, rate in rows:
+        print(
+            f"{workers:>4} {result['commits']:>8} {result['p50_commit_ms']:>7.1f} "
+            f"{result['p99_commit_ms']:>7.1f} {rate:>10,.0f}"
+        )
+    return 0
+
+
 # --- the comparison ---------------------------------------------------------------------
 
 
@@ -479,13 +1145,23 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--records", type=int_list, default=[500_000], help="record counts, e.g. 500000,2000000"
+        "--records",
+        type=int_list,
+        default=None,
+        help="record counts, e.g. 500000,2000000 (default 500000; --ownership-cost "
+        "2000000,5000000; --round-robin 2000000; --commit-p99 1000000)",
     )
     parser.add_argument(
-        "--peer-records", type=int, default=None, help="records for the peers (default: same)"
+        "--peer-records",
+        type=int,
+        default=None,
+        help="records for the peers (default: same)",
     )
     parser.add_argument(
-        "--peers", type=peer_list, default=list(PEERS), help="kstreams,quix (default: both)"
+        "--peers",
+        type=peer_list,
+        default=list(PEERS),
+        help="kstreams,quix (default: both)",
     )
     parser.add_argument("--skip-peer", action="store_true", help="ours only")
     parser.add_argument(
@@ -501,6 +1177,31 @@ def main() -> int:
         default=None,
         help="measure ours at these partition counts (e.g. 1,2,4) instead of the peers",
     )
+    parser.add_argument(
+        "--ownership-cost",
+        action="store_true",
+        help="4 workers keyed by id on 4 partitions, without and under ownership, alternating",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="--ownership-cost: alternating pairs per count",
+    )
+    parser.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="4 partitions produced round-robin: ours under ownership against Kafka Streams "
+        "re-keying through a repartition topic",
+    )
+    parser.add_argument(
+        "--commit-p99",
+        action="store_true",
+        help="commit latency of worker 0 of W under ownership (W from --workers)",
+    )
+    parser.add_argument(
+        "--workers", type=int_list, default=[4, 16, 64], help="--commit-p99: W values"
+    )
     parser.add_argument("--bootstrap", help="use this broker instead of starting a local one")
     parser.add_argument(
         "--no-warm-up",
@@ -508,12 +1209,21 @@ def main() -> int:
         help="time the first run on a fresh broker (default: warm the bench's broker first)",
     )
     parser.add_argument("--partition-child", help=argparse.SUPPRESS)
+    parser.add_argument("--owner-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.partition_child:
         return partition_child(args.partition_child)
+    if args.owner_child:
+        return owner_child(args.owner_child)
     peers: list[str] = [] if args.skip_peer else args.peers
+    ownership_modes = args.ownership_cost or args.round_robin or args.commit_p99
+    if ownership_modes:
+        peers = [peer for peer in peers if peer == "kstreams"]  # Quix has no part in these
 
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
+    with (
+        ExitStack() as stack,
+        tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp,
+    ):
         if args.bootstrap:
             bootstrap = args.bootstrap
             broker = None
@@ -528,6 +1238,39 @@ def main() -> int:
         if broker is not None and not args.no_warm_up:
             print(f"[bench] warming the broker: ours over {WARM_UP_RECORDS:,} records, untimed")
             warm_broker(broker, Path(tmp) / "store-warm-up", args.batch_size)
+        if ownership_modes:
+            code = 0
+            tmp_path = Path(tmp)
+            if args.ownership_cost:
+                code |= run_ownership_cost(
+                    bootstrap,
+                    broker,
+                    args.records or [2_000_000, 5_000_000],
+                    args.pairs,
+                    tmp_path,
+                    args.batch_size,
+                    "kstreams" in peers,
+                )
+            if args.round_robin and not code:
+                code |= run_round_robin(
+                    bootstrap,
+                    broker,
+                    (args.records or [2_000_000])[0],
+                    tmp_path,
+                    args.batch_size,
+                    "kstreams" in peers,
+                )
+            if args.commit_p99 and not code:
+                code |= run_commit_p99(
+                    bootstrap,
+                    broker,
+                    (args.records or [1_000_000])[0],
+                    args.workers,
+                    tmp_path,
+                    args.batch_size,
+                )
+            return code
+        args.records = args.records or [500_000]
         if args.partitions:
             data = workload(args.records[0])
             return run_partitions(
@@ -590,7 +1333,11 @@ def main() -> int:
                     errors.append(check_output(bootstrap, "Kafka Streams", name, outputs, True))
                 else:
                     rates[peer] = run_quix(
-                        bootstrap, name, peer_records, outputs, Path(tmp) / f"{name}-state"
+                        bootstrap,
+                        name,
+                        peer_records,
+                        outputs,
+                        Path(tmp) / f"{name}-state",
                     )["records_per_s"]
                     print(
                         f"peer : {rates[peer]:>10,.0f} records/s (Quix Streams {versions()['QUIXSTREAMS_VERSION']}, exactly-once)",

@@ -39,6 +39,8 @@ class PeerResult:
     dead_letters: int
     close_s: float
     store: str
+    topology: str = "plain"
+    threads: int = 1
 
     @property
     def records_per_s(self) -> float:
@@ -151,8 +153,12 @@ def run(
     *,
     store: str = "window",
     window_ms: int = 7 * 24 * 3600 * 1000,
+    threads: int = 1,
+    topology: str = "plain",
 ) -> PeerResult:
-    """Run the peer until it has committed all ``records`` input records; its timing."""
+    """Run the peer until it has committed all ``records`` input records; its timing.
+    ``threads`` is its num.stream.threads; ``topology`` "plain" (dedup reads the input)
+    or "repartition" (re-key by the id through a repartition topic first)."""
     jar = build()
     command = [
         java_path("the Kafka Streams peer"),
@@ -170,6 +176,10 @@ def run(
         store,
         "--window-ms",
         str(window_ms),
+        "--threads",
+        str(threads),
+        "--topology",
+        topology,
     ]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -187,6 +197,8 @@ def run(
         dead_letters=int(result["dead_letters"]),
         close_s=float(result["close_s"]),
         store=str(result["store"]),
+        topology=str(result.get("topology", "plain")),
+        threads=int(result.get("threads", 1)),
     )
 
 

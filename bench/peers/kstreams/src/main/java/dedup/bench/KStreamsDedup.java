@@ -11,6 +11,7 @@ import java.time.Duration;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Properties;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
@@ -24,8 +25,15 @@ import org.apache.kafka.common.header.Headers;
 import org.apache.kafka.common.header.internals.RecordHeaders;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.kstream.Branched;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Named;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.Repartitioned;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
 import org.apache.kafka.streams.processor.api.Record;
@@ -47,13 +55,30 @@ import org.apache.kafka.streams.state.WindowStoreIterator;
  * <pre>
  * java -jar kstreams-dedup.jar BOOTSTRAP INPUT OUTPUT DLQ RECORDS OUTPUTS STATE_DIR
  *      [--store window|kv] [--window-ms MS] [--id-source jsonField|header|key] [--id-field NAME]
+ *      [--threads N] [--topology plain|repartition]
  * </pre>
  *
- * <p>It runs until the application's committed offset on the input reaches RECORDS (every
- * input record processed and its transaction committed: the same finish line as our
- * worker's bench), checks that it forwarded OUTPUTS records, closes, and prints one JSON
- * line: seconds, steady_seconds (from the first record processed), records, outputs,
- * dead_letters, records_per_s, close_s, store.
+ * <p>It runs until the dedup step has processed RECORDS records (dead letters included) and
+ * the application's committed offset on every partition the dedup step read is past the
+ * last record it processed there (every input record processed and its transaction
+ * committed: the same finish line as our worker's bench), checks that it forwarded OUTPUTS
+ * records, closes, and prints one JSON line: seconds, steady_seconds (from the first record
+ * processed), records, outputs, dead_letters, records_per_s, close_s, store, topology.
+ *
+ * <h2>Topologies</h2>
+ *
+ * <ul>
+ *   <li>{@code plain} (default): the dedup step reads the input directly. Exact only when
+ *       every occurrence of an id is on one input partition (producers keyed by the id).
+ *   <li>{@code repartition}: how a Kafka Streams shop dedups input that is not keyed by the
+ *       id: a first step re-keys each record by its message id (selectKey, as a processor
+ *       so that records without an id go to the dead-letter topic), {@code repartition()}
+ *       sends every record through an internal repartition topic partitioned by the id
+ *       (Kafka's murmur2 partitioner, as many partitions as the input), and the dedup step
+ *       reads it, taking the id from the key. Every record crosses the broker twice.
+ * </ul>
+ *
+ * {@code --threads} is {@code num.stream.threads} (default 1).
  *
  * <h2>The store: a window store (default) or a timestamped key-value store</h2>
  *
@@ -92,7 +117,12 @@ public final class KStreamsDedup {
   static final long TIMEOUT_MS = 900_000;
 
   static final AtomicLong OUTPUTS = new AtomicLong();
+  /** Records the dedup step processed (re-processing after an abort counts again). */
+  static final AtomicLong PROCESSED = new AtomicLong();
+  /** Per partition the dedup step reads: the largest offset it processed. */
+  static final Map<TopicPartition, AtomicLong> LAST_OFFSETS = new ConcurrentHashMap<>();
   static final AtomicLong DEAD_LETTERS = new AtomicLong();
+  static final AtomicLong DEDUP_DEAD_LETTERS = new AtomicLong();
   /** System.nanoTime() when the first input record reached the processor (0: not yet). */
   static volatile long firstRecordNanos;
 
@@ -188,14 +218,19 @@ public final class KStreamsDedup {
     private final IdRule rule;
     private final String storeKind;
     private final long windowMs;
+    private final boolean namedSinks; // Topology "output" / "dead-letters"; else the DSL's child
     private ProcessorContext<byte[], byte[]> context;
     private WindowStore<String, byte[]> windowStore;
     private TimestampedKeyValueStore<String, byte[]> kvStore;
+    private String lastTopic;
+    private int lastPartition = -1;
+    private AtomicLong lastOffset;
 
-    Dedup(IdRule rule, String storeKind, long windowMs) {
+    Dedup(IdRule rule, String storeKind, long windowMs, boolean namedSinks) {
       this.rule = rule;
       this.storeKind = storeKind;
       this.windowMs = windowMs;
+      this.namedSinks = namedSinks;
     }
 
     @Override
@@ -208,6 +243,7 @@ public final class KStreamsDedup {
     @Override
     public void process(Record<byte[], byte[]> record) {
       if (firstRecordNanos == 0) firstRecordNanos = System.nanoTime();
+      progress();
       String id;
       try {
         id = rule.extract(record.key(), record.value(), record.headers());
@@ -219,8 +255,24 @@ public final class KStreamsDedup {
       if (!firstInWindow(id, ts)) return;
       Headers headers = new RecordHeaders(record.headers().toArray());
       headers.add(ID_HEADER, id.getBytes(StandardCharsets.UTF_8));
-      context.forward(record.withHeaders(headers), "output");
+      if (namedSinks) context.forward(record.withHeaders(headers), "output");
+      else context.forward(record.withHeaders(headers));
       OUTPUTS.incrementAndGet();
+    }
+
+    /** Counts the record and remembers its offset, for the finish line (main). */
+    private void progress() {
+      PROCESSED.incrementAndGet();
+      RecordMetadata at = context.recordMetadata().orElse(null);
+      if (at == null) return;
+      if (at.partition() != lastPartition || !at.topic().equals(lastTopic)) {
+        lastTopic = at.topic();
+        lastPartition = at.partition();
+        lastOffset =
+            LAST_OFFSETS.computeIfAbsent(
+                new TopicPartition(lastTopic, lastPartition), tp -> new AtomicLong(-1));
+      }
+      lastOffset.accumulateAndGet(at.offset(), Math::max);
     }
 
     /** Whether {@code id} is new within the window at {@code ts}; records it if so. */
@@ -249,13 +301,92 @@ public final class KStreamsDedup {
         headers.add(DLQ_PARTITION, bytes(Integer.toString(origin.partition())));
         headers.add(DLQ_OFFSET, bytes(Long.toString(origin.offset())));
       }
+      if (!namedSinks) throw new IllegalStateException("a re-keyed record without a valid id");
       context.forward(record.withHeaders(headers), "dead-letters");
       DEAD_LETTERS.incrementAndGet();
+      DEDUP_DEAD_LETTERS.incrementAndGet();
     }
 
     private static byte[] bytes(String text) {
       return text.getBytes(StandardCharsets.UTF_8);
     }
+  }
+
+  /**
+   * The re-keying step of the {@code repartition} topology: a record with a valid id is
+   * forwarded keyed by the id's UTF-8 bytes (the selectKey), one without is forwarded with
+   * a null key and the dead-letter headers (the topology sends those to the dead-letter
+   * topic). The original key is replaced; in the bench's workload it is the id anyway.
+   */
+  static final class Rekey implements Processor<byte[], byte[], byte[], byte[]> {
+    private final IdRule rule;
+    private ProcessorContext<byte[], byte[]> context;
+
+    Rekey(IdRule rule) {
+      this.rule = rule;
+    }
+
+    @Override
+    public void init(ProcessorContext<byte[], byte[]> context) {
+      this.context = context;
+    }
+
+    @Override
+    public void process(Record<byte[], byte[]> record) {
+      String id;
+      try {
+        id = rule.extract(record.key(), record.value(), record.headers());
+      } catch (InvalidRecord bad) {
+        Headers headers = new RecordHeaders(record.headers().toArray());
+        headers.add(DLQ_REASON, bad.reason.getBytes(StandardCharsets.UTF_8));
+        headers.add(DLQ_DETAIL, String.valueOf(bad.getMessage()).getBytes(StandardCharsets.UTF_8));
+        RecordMetadata origin = context.recordMetadata().orElse(null);
+        if (origin != null) {
+          headers.add(DLQ_TOPIC, origin.topic().getBytes(StandardCharsets.UTF_8));
+          headers.add(DLQ_PARTITION, Integer.toString(origin.partition()).getBytes(StandardCharsets.UTF_8));
+          headers.add(DLQ_OFFSET, Long.toString(origin.offset()).getBytes(StandardCharsets.UTF_8));
+        }
+        context.forward(record.<byte[]>withKey(null).withHeaders(headers));
+        DEAD_LETTERS.incrementAndGet();
+        return;
+      }
+      context.forward(record.withKey(id.getBytes(StandardCharsets.UTF_8)));
+    }
+  }
+
+  static Topology plainTopology(
+      String input, String output, String dlq, IdRule rule, String kind, long window) {
+    Topology topology = new Topology();
+    topology.addSource("input", input);
+    topology.addProcessor("dedup", () -> new Dedup(rule, kind, window, true), "input");
+    topology.addStateStore(store(kind, window), "dedup");
+    topology.addSink("output", output, "dedup");
+    topology.addSink("dead-letters", dlq, "dedup");
+    return topology;
+  }
+
+  static Topology repartitionTopology(
+      String input, String output, String dlq, IdRule rule, String kind, long window) {
+    StreamsBuilder builder = new StreamsBuilder();
+    builder.addStateStore(store(kind, window));
+    KStream<byte[], byte[]> in =
+        builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()));
+    Map<String, KStream<byte[], byte[]>> branches =
+        in.process(() -> new Rekey(rule), Named.as("rekey"))
+            .split(Named.as("ids-"))
+            .branch((key, value) -> key == null, Branched.as("invalid"))
+            .defaultBranch(Branched.as("valid"));
+    branches.get("ids-invalid").to(dlq, Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+    IdRule byKey = new IdRule("key", rule.field);
+    branches
+        .get("ids-valid")
+        .repartition(
+            Repartitioned.<byte[], byte[]>as("by-id")
+                .withKeySerde(Serdes.ByteArray())
+                .withValueSerde(Serdes.ByteArray()))
+        .process(() -> new Dedup(byKey, kind, window, false), Named.as("dedup"), STORE)
+        .to(output, Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+    return builder.build();
   }
 
   static StoreBuilder<?> store(String kind, long windowMs) {
@@ -273,17 +404,39 @@ public final class KStreamsDedup {
     throw new IllegalArgumentException("--store is window or kv, not " + kind);
   }
 
+  /**
+   * Whether every record is processed and committed: the dedup step has seen {@code records}
+   * records (with the dead letters of the re-keying step), and on every partition it read,
+   * the application's committed offset is past the last offset it processed.
+   */
+  static boolean finished(Map<TopicPartition, OffsetAndMetadata> committed, long records) {
+    if (PROCESSED.get() + (DEAD_LETTERS.get() - deadLettersInDedup()) < records) return false;
+    for (Map.Entry<TopicPartition, AtomicLong> last : LAST_OFFSETS.entrySet()) {
+      OffsetAndMetadata at = committed.get(last.getKey());
+      if (at == null || at.offset() <= last.getValue().get()) return false;
+    }
+    return true;
+  }
+
+  /** Dead letters the dedup step wrote (it counts them as processed already). */
+  static long deadLettersInDedup() {
+    return DEDUP_DEAD_LETTERS.get();
+  }
+
   public static void main(String[] argv) throws Exception {
     if (argv.length < 7) {
       System.err.println(
           "usage: BOOTSTRAP INPUT OUTPUT DLQ RECORDS OUTPUTS STATE_DIR [--store window|kv]"
-              + " [--window-ms MS] [--id-source jsonField|header|key] [--id-field NAME]");
+              + " [--window-ms MS] [--id-source jsonField|header|key] [--id-field NAME]"
+              + " [--threads N] [--topology plain|repartition]");
       System.exit(2);
     }
     String bootstrap = argv[0], input = argv[1], output = argv[2], dlq = argv[3];
     long records = Long.parseLong(argv[4]), outputs = Long.parseLong(argv[5]);
     Path stateDir = Path.of(argv[6]);
     String storeKind = "window", idSource = "jsonField", idField = "messageId";
+    String topologyKind = "plain";
+    int threads = 1;
     long windowMs = 7L * 24 * 3600 * 1000;
     for (int i = 7; i + 1 < argv.length; i += 2) {
       switch (argv[i]) {
@@ -291,6 +444,8 @@ public final class KStreamsDedup {
         case "--window-ms" -> windowMs = Long.parseLong(argv[i + 1]);
         case "--id-source" -> idSource = argv[i + 1];
         case "--id-field" -> idField = argv[i + 1];
+        case "--threads" -> threads = Integer.parseInt(argv[i + 1]);
+        case "--topology" -> topologyKind = argv[i + 1];
         default -> throw new IllegalArgumentException("unknown option " + argv[i]);
       }
     }
@@ -299,12 +454,13 @@ public final class KStreamsDedup {
     final String kind = storeKind;
     final long window = windowMs;
 
-    Topology topology = new Topology();
-    topology.addSource("input", input);
-    topology.addProcessor("dedup", () -> new Dedup(rule, kind, window), "input");
-    topology.addStateStore(store(storeKind, windowMs), "dedup");
-    topology.addSink("output", output, "dedup");
-    topology.addSink("dead-letters", dlq, "dedup");
+    Topology topology =
+        switch (topologyKind) {
+          case "plain" -> plainTopology(input, output, dlq, rule, kind, window);
+          case "repartition" -> repartitionTopology(input, output, dlq, rule, kind, window);
+          default -> throw new IllegalArgumentException(
+              "--topology is plain or repartition, not " + topologyKind);
+        };
 
     Properties props = new Properties();
     props.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
@@ -313,7 +469,7 @@ public final class KStreamsDedup {
     props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.toString());
     props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
     props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
-    props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
+    props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
     props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
     // Everything else at Kafka Streams' defaults: commit.interval.ms 100 under exactly-once,
     // the changelog topic for the store, RocksDB's Kafka Streams configuration.
@@ -326,7 +482,6 @@ public final class KStreamsDedup {
           return org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler
               .StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
-    TopicPartition partition0 = new TopicPartition(input, 0);
     Properties adminProps = new Properties();
     adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
 
@@ -345,8 +500,7 @@ public final class KStreamsDedup {
         }
         Map<TopicPartition, OffsetAndMetadata> committed =
             admin.listConsumerGroupOffsets(appId).partitionsToOffsetAndMetadata().get();
-        OffsetAndMetadata at = committed.get(partition0);
-        if (at != null && at.offset() >= records) break;
+        if (finished(committed, records)) break;
         Thread.sleep(20);
       }
       long committedAt = System.nanoTime();
@@ -372,7 +526,8 @@ public final class KStreamsDedup {
     System.out.printf(
         Locale.ROOT,
         "{\"seconds\": %.4f, \"steady_seconds\": %.4f, \"records\": %d, \"outputs\": %d, \"dead_letters\": %d,"
-            + " \"records_per_s\": %.1f, \"close_s\": %.3f, \"store\": \"%s\"}%n",
+            + " \"records_per_s\": %.1f, \"close_s\": %.3f, \"store\": \"%s\", \"topology\": \"%s\","
+            + " \"threads\": %d}%n",
         seconds,
         steadySeconds,
         records,
@@ -380,7 +535,9 @@ public final class KStreamsDedup {
         DEAD_LETTERS.get(),
         records / seconds,
         closeS,
-        storeKind);
+        storeKind,
+        topologyKind,
+        threads);
     if (forwarded != outputs) {
       System.err.printf(
           "[kstreams] forwarded %d outputs, expected %d (the bench checks the committed topic)%n",
