@@ -220,6 +220,7 @@ class DedupWorker:
         self._clock = WindowClock()  # the window's clock over the sources read
         # what this worker reads: (topic, partition); one input partition without ownership
         self._sources: list[Source] = []
+        self._single_input: Source | None = None  # the one input partition read, if one
         self._discovered_at = 0.0  # monotonic time the input's partitions were last looked up
         self._open_transaction = OpenTransactionAge()  # on the internal partitions read
         # internal partition -> the next offset our last committed transaction recorded,
@@ -526,7 +527,14 @@ class DedupWorker:
         the id rules, records of the internal topic by their forwarding header. Also
         each source's span and newest timestamp (for the window's clock)."""
         cfg = self.config
-        sources = list(zip(map(_topic, records), map(_partition, records), strict=True))
+        topics = list(map(_topic, records))
+        received = topics.count(owned_topic)
+        single = self._single_input
+        if not received and single is not None:  # the common case: one input partition
+            split = triage(records, cfg.id_spec)
+            self._clock.read(single, split.newest_ms)
+            return split, {single: (int(records[0].offset()), int(records[-1].offset()) + 1)}, 0
+        sources = list(zip(topics, map(_partition, records), strict=True))
         first, last = sources[0], sources[-1]
         newest: dict[Source, int] = {}
         if first == last and sources.count(first) == len(sources):  # one source read
@@ -536,12 +544,10 @@ class DedupWorker:
             for source, timestamp in zip(sources, map(_timestamp, records), strict=True):
                 if timestamp[1] > newest.get(source, 0):
                     newest[source] = timestamp[1]
-        received = 0
-        if not any(topic == owned_topic for topic, _ in spans):
+        if not received:
             split = triage(records, cfg.id_spec)
         else:
-            forwarded = [topic == owned_topic for topic, _ in sources]
-            received = sum(forwarded)
+            forwarded = [topic == owned_topic for topic in topics]
             split = routing.merge(
                 triage(list(compress(records, map(not_, forwarded))), cfg.id_spec),
                 routing.triage_forwarded(list(compress(records, forwarded))),
@@ -1011,6 +1017,8 @@ class DedupWorker:
         else:
             self.consumer.assign(partitions)
         self._sources = [*self._sources, *sources]
+        inputs = [s for s in self._sources if s[0] == self.config.input_topic]
+        self._single_input = inputs[0] if len(inputs) == 1 else None
         return offsets
 
     def _resume_offsets(self, sources: list[Source]) -> dict[Source, int]:
