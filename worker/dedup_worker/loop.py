@@ -197,6 +197,11 @@ _offset = methodcaller("offset")
 _timestamp = methodcaller("timestamp")
 
 
+def _span(records: list[Message]) -> tuple[int, int]:
+    """The first offset and the next to read of a batch read from one source."""
+    return int(records[0].offset()), int(records[-1].offset()) + 1
+
+
 def _named(offsets: dict[Source, int]) -> dict[str, int]:
     """Offsets by source for a log line: ``{"topic[partition]": offset}``."""
     return {f"{topic}[{partition}]": offset for (topic, partition), offset in offsets.items()}
@@ -505,7 +510,7 @@ class DedupWorker:
         if owned_topic is None:  # one source
             split = triage(records, cfg.id_spec)
             source = (cfg.input_topic, cfg.partition)
-            spans = {source: (int(records[0].offset()), int(records[-1].offset()) + 1)}
+            spans = {source: _span(records)}
             self._clock.read(source, split.newest_ms)
         else:
             split, spans, received = self._triage_sources(records, owned_topic)
@@ -533,12 +538,12 @@ class DedupWorker:
         if not received and single is not None:  # the common case: one input partition
             split = triage(records, cfg.id_spec)
             self._clock.read(single, split.newest_ms)
-            return split, {single: (int(records[0].offset()), int(records[-1].offset()) + 1)}, 0
+            return split, {single: _span(records)}, 0
         sources = list(zip(topics, map(_partition, records), strict=True))
         first, last = sources[0], sources[-1]
         newest: dict[Source, int] = {}
         if first == last and sources.count(first) == len(sources):  # one source read
-            spans = {first: (int(records[0].offset()), int(records[-1].offset()) + 1)}
+            spans = {first: _span(records)}
         else:
             spans = routing.source_spans(sources, list(map(_offset, records)))
             for source, timestamp in zip(sources, map(_timestamp, records), strict=True):
