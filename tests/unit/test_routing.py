@@ -70,6 +70,67 @@ def test_forwarded_records_take_their_id_from_the_header_without_parsing_the_val
     assert [(d.record.offset(), d.reason) for d in split.dead_letters] == [(3, NOT_FORWARDED)]
 
 
+def test_a_batch_of_forwarded_records_decided_at_once_agrees_with_one_by_one() -> None:
+    """The whole-batch path against a replay through `forwarded_id`, record by record,
+    on batches where every record is well formed and on batches with one that is not
+    (which must then take the record-by-record path and dead-letter exactly it)."""
+    rng = random.Random(11)
+    malformed = [
+        None,
+        [],
+        [(FORWARD_ORIGIN, b"0:1")],
+        [(FORWARD_ID, b""), (FORWARD_ORIGIN, b"0:1")],
+        [(FORWARD_ID, None), (FORWARD_ORIGIN, b"0:1")],
+        [(FORWARD_ID, b"\xff\xfe"), (FORWARD_ORIGIN, b"0:1")],
+        [(FORWARD_ID, b"x" * 10_000), (FORWARD_ORIGIN, b"0:1")],
+        [(FORWARD_ORIGIN, b"0:1"), (FORWARD_ID, b"a")],
+    ]
+    for trial in range(200):
+        size = rng.randint(0, 30)
+        records = [
+            Record(
+                n,
+                None,
+                b"",
+                forward_headers(
+                    [("h", b"1")] if rng.random() < 0.3 else None,
+                    f"id-{rng.randint(0, 20)}".encode(),
+                    0,
+                    n,
+                ),
+                rng.randint(1, 1000),
+            )
+            for n in range(size)
+        ]
+        bad_at = None
+        if trial % 2 and records:
+            bad_at = rng.randrange(size)
+            records[bad_at] = Record(bad_at, None, b"", rng.choice(malformed), 1)  # type: ignore[arg-type]
+        split = triage_forwarded(records)
+        seen: list[str] = []
+        firsts: list[int] = []
+        dead: list[int] = []
+        for rec in records:
+            utf8_id = forwarded_id(rec.headers())
+            try:
+                message_id = None if utf8_id is None else utf8_id.decode()
+            except UnicodeDecodeError:
+                message_id = None
+            if message_id is None:
+                dead.append(rec.offset())
+            elif message_id not in seen:
+                seen.append(message_id)
+                firsts.append(rec.offset())
+        assert split.firsts.message_ids == seen
+        assert [r.offset() for r in split.firsts.records] == firsts
+        assert split.firsts.keys == [id_key(i) for i in seen]
+        assert split.firsts.utf8_ids == [i.encode() for i in seen]
+        assert [d.record.offset() for d in split.dead_letters] == dead
+        assert split.repeats == len(records) - len(firsts) - len(dead)
+        assert split.newest_ms == max((r.timestamp()[1] for r in records), default=0)
+        assert (bad_at is None) or dead == [bad_at]
+
+
 def test_merge_counts_an_id_read_from_both_sources_once() -> None:
     from_input = triage([Record(0, None, event("a")), Record(1, None, event("b"))], IdSpec())
     from_internal = triage_forwarded(

@@ -158,7 +158,14 @@ def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
     message_ids = None if field is None else plain_json_ids(field, list(map(_value, records)))
     if message_ids is None:
         return _triage_each(records, spec, field)
-    utf8_ids = list(map(str.encode, message_ids))
+    return triage_known(records, message_ids, list(map(str.encode, message_ids)))
+
+
+def triage_known(
+    records: Sequence[InputRecord], message_ids: list[str], utf8_ids: list[bytes]
+) -> Triage:
+    """`triage` of a batch whose every record has a valid id, decided at once (entry i
+    of each list is about the same record): the first occurrences and the repeats."""
     firsts = Firsts(list(records), message_ids, utf8_ids, id_keys(utf8_ids))
     newest_ms = max(0, max(map(_timestamp_ms, map(_timestamp, records)), default=0))
     if len(set(firsts.keys)) == len(firsts):

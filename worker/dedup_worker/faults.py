@@ -31,6 +31,11 @@ def _parse(spec: str) -> dict[str, float]:
 _POINTS = _parse(os.environ.get(ENV, ""))
 
 
+def armed(point: str) -> bool:
+    """Whether a test set `point` (a per-record fault point checks this once per batch)."""
+    return point in _POINTS
+
+
 def maybe_crash(point: str) -> None:
     probability = _POINTS.get(point)
     if probability is not None and random.random() < probability:

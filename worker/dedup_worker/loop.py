@@ -91,6 +91,7 @@ ABORT_FLUSH_S = 10.0  # before a deliberate abort: the open transaction's record
 PAUSED_STEP_S = 0.05  # while paused, how often the hold is looked at again
 DISCOVER_EVERY_S = 5.0  # how often the input's partitions are looked up (ownership)
 DELETE_FORWARDED_EVERY_S = 10.0  # how often consumed forwarded records are deleted
+FORWARDING_CRASH = "forwarding"  # test-only fault point: between two forwarded records
 
 _COORDINATOR_MOVING = {
     KafkaError.NOT_COORDINATOR,
@@ -752,17 +753,30 @@ class DedupWorker:
         owned_topic = self.config.owned_topic
         if not forwards or owned_topic is None:
             return
+        assert self.producer is not None
+        produce = self.producer.produce
+        forward_headers = routing.forward_headers
+        crash_point = faults.armed(FORWARDING_CRASH)
         for rec, utf8_id, to in zip(
             cast(list[Message], forwards.records), forwards.utf8_ids, forwards.owners, strict=True
         ):
             if rec.topic() == owned_topic:  # read from the internal topic: forwarded already
                 headers = rec.headers() or []
             else:
-                headers = routing.forward_headers(
-                    rec.headers(), utf8_id, int(rec.partition()), int(rec.offset())
+                headers = forward_headers(rec.headers(), utf8_id, rec.partition(), rec.offset())  # type: ignore[arg-type]
+            try:
+                produce(
+                    owned_topic,
+                    rec.value(),
+                    rec.key(),
+                    to,
+                    timestamp=rec.timestamp()[1],
+                    headers=headers,
                 )
-            self._produce(owned_topic, rec.value(), rec.key(), headers, rec.timestamp()[1], to)
-            faults.maybe_crash("forwarding")  # test-only: a forwarder dying mid-transaction
+            except BufferError:  # local queue full: the slow path waits for room
+                self._produce(owned_topic, rec.value(), rec.key(), headers, rec.timestamp()[1], to)
+            if crash_point:
+                faults.maybe_crash(FORWARDING_CRASH)  # test-only: dying mid-transaction
 
     def _commit(self, batch: _Batch) -> bool:
         """(Committer thread.) Flush, add the input offset, commit. False if the
