@@ -9,7 +9,7 @@ import random
 import pytest
 
 from dedup_worker.batch import Record, triage
-from dedup_worker.ids import IdSpec, id_key
+from dedup_worker.ids import ID_HEADER, IdSpec, id_key
 from dedup_worker.ownership import owner_reference
 from dedup_worker.routing import (
     FORWARD_ID,
@@ -20,6 +20,7 @@ from dedup_worker.routing import (
     forward_headers,
     forwarded_id,
     merge,
+    published_headers,
     route,
     source_spans,
     sources_of,
@@ -52,6 +53,9 @@ def test_forwarding_headers_come_off_exactly_leaving_the_record_as_it_was() -> N
     assert forwarded_id(forwarded) == "ü-1".encode()
     assert without_forwarding(forwarded) == own
     assert without_forwarding(forward_headers(None, b"a", 0, 0)) == []
+    # what the owner publishes: the record's own headers, then the id, as if read from input
+    assert published_headers(forwarded) == [*own, (ID_HEADER, "ü-1".encode())]
+    assert published_headers(forward_headers(None, b"a", 0, 0)) == [(ID_HEADER, b"a")]
     assert forwarded_id(own) is None, "no origin header last: not forwarded"
     assert forwarded_id(None) is None
 

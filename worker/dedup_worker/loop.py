@@ -664,11 +664,11 @@ class DedupWorker:
             owned_topic = cfg.owned_topic if batch.received else None
             for i, (rec, utf8_id) in enumerate(zip(new.records, new.utf8_ids, strict=True)):
                 own = rec.headers()
+                hs: Headers
                 if owned_topic is not None and own and rec.topic() == owned_topic:  # type: ignore[attr-defined]
-                    own = routing.without_forwarding(own)  # as if it had not been forwarded
-                hs: Headers = (
-                    [(ID_HEADER, utf8_id)] if own is None else [*own, (ID_HEADER, utf8_id)]
-                )
+                    hs = routing.published_headers(own)  # as if it had not been forwarded
+                else:
+                    hs = [(ID_HEADER, utf8_id)] if own is None else [*own, (ID_HEADER, utf8_id)]
                 callback = batch.on_last_delivery if i == last else None
                 try:
                     produce(

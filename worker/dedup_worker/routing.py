@@ -73,6 +73,13 @@ def without_forwarding(headers: Headers) -> Headers:
     return headers[:-FORWARD_HEADERS]
 
 
+def published_headers(forwarded: Headers) -> Headers:
+    """The output headers of a forwarded record (one `forwarded_id` accepted): its own,
+    then the id header. Forwarding appended exactly that header and the origin, so
+    dropping the origin leaves them, with no new list built per header."""
+    return forwarded[:-1]
+
+
 def forwarded_id(headers: Headers | None) -> bytes | None:
     """The id a forwarded record carries, or None if it carries none (its last two
     headers are not the forwarding headers with a valid id)."""
