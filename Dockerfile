@@ -3,7 +3,7 @@
 # (as Spark's own image does). What production runs and nothing else: no test harness.
 #
 # - Non-root: UID/GID 65532 (user `dedup`, home /home/dedup), the same UID the operator
-#   puts in the pods' securityContext (dedup_operator.names.RUN_AS_USER).
+#   puts in the pods' securityContext (dedup_contract.names.RUN_AS_USER).
 # - Works with a read-only root filesystem: the writable paths are volumes (the store
 #   at /var/lib/dedup, scratch at /tmp); nothing is written under /opt or $HOME.
 # - Java only for the Spark jobs (Debian's headless JRE).
@@ -28,7 +28,7 @@ RUN for a in org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0 \
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# A C compiler for the project's one extension (dedup_worker._murmur2), in this stage
+# A C compiler for the project's one extension (dedup_contract._murmur2), in this stage
 # only: gcc, and Python's headers where the base lacks them (the official image has
 # them; a base of Debian's python3.11 needs python3.11-dev).
 RUN apt-get update \
@@ -45,6 +45,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['spark']))" > /tm
  && /opt/dedup/bin/pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 COPY README.md versions.env ./
+COPY contract ./contract
 COPY operator ./operator
 COPY worker ./worker
 COPY spark ./spark

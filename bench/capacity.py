@@ -11,7 +11,7 @@ inputs disagree.
 
 The model, per partition (one worker, one volume):
 - ids held: the window's ids, up to 1.25 x (the window is coarse by one generation of
-  four: `dedup_worker.window`);
+  four: `dedup_contract.window`);
 - disk: ids held x bytes per id on disk (flushed, compacted), x the headroom for
   compaction and memtables;
 - memory: ids held x the bloom filters' and indexes' bytes per id (held outside the

@@ -83,14 +83,14 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract import names
+from dedup_contract.timefmt import parse_time
 from dedup_local.cluster import ClusterTimings, LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.operator_process import running_operator
 from dedup_local.paths import REPO_ROOT
 from dedup_local.pipelines import cluster_pipeline_body
-from dedup_operator import names
 from dedup_operator.desired.partition import worker_pod_template
-from dedup_operator.observed import parse_time
 from dedup_operator.spec import PipelineSpec
 
 TARGET_S = 30.0

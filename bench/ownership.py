@@ -4,7 +4,7 @@
 
 Both compute `toPositive(murmur2(id)) % workers` for batches of 5,000 ids (UTF-8 bytes,
 uuid4 text as producers send, and random 1-64 byte ids): ours is
-`dedup_worker.ownership.owners` (one C call per batch), the baseline a list
+`dedup_contract.ownership.owners` (one C call per batch), the baseline a list
 comprehension over `owner_reference` (the pure-Python murmur2 every part used before).
 Each measure is the best of `--repeats` runs over `--batches` batches, on one core.
 Target (issue 26): <= 0.3 us an id on 5,000-id batches. Every batch's answers are
@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from dedup_worker.ownership import owner_reference, owners
+from dedup_contract.ownership import owner_reference, owners
 
 TARGET_US = 0.3
 WORKERS = 16

@@ -34,11 +34,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from dedup_contract.ids import ID_HEADER
+from dedup_contract.store import Store, StoreOwner
+from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker, produce_all
-from dedup_worker.ids import ID_HEADER
 from dedup_worker.recovery import catch_up
-from dedup_worker.store import Store, StoreOwner
-from dedup_worker.window import WindowPolicy
 
 TOPIC = "rebuild-out"
 VALUE = b"x" * 300

@@ -15,7 +15,7 @@ topics through Spark's Kafka source and the worker's id rules, to a no-op sink) 
 whole audit; computing = audit - reading. A first run on the fresh JVM (JIT, Python
 workers) is printed as `cold`; then three runs, of which the median is reported.
 Baseline: one Python process reading the same topics with confluent-kafka (read
-committed), extracting ids with the same `dedup_worker.ids` and content digests of its own
+committed), extracting ids with the same `dedup_contract.ids` and content digests of its own
 (BLAKE2b; Spark's are the JVM's xxhash64), and running the same rules in one process
 (`dedup_spark.audit.audit_records`, across partitions). Both must report the same counts.
 Prints input records audited per second of wall time, records read per second (input,
@@ -40,12 +40,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
+from dedup_contract.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
+from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_spark import audit, reconcile
 from dedup_spark.source import KafkaSource, read_topic, with_ids
-from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
-from dedup_worker.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
-from dedup_worker.ownership import owner_reference
 
 REPEAT_SHARE = 0.10
 INVALID_SHARE = 0.001
@@ -421,8 +421,10 @@ def in_pod(bootstrap: str, name: str, executors: int, partitions: int) -> int:
 
 
 def _session(master: str, work: Path) -> Any:
+    from dedup_local.spark import use_cached_kafka_jars
     from dedup_spark.session import SparkSettings, spark_session
 
+    use_cached_kafka_jars()  # the jars the job takes from DEDUP_SPARK_JARS, as in the image
     return spark_session(
         "bench-reconcile",
         SparkSettings(master, driver_memory="4g", conf={"spark.sql.shuffle.partitions": "8"}),

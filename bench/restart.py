@@ -39,13 +39,13 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from worker_throughput import fill, warm_group_coordinator, workload
 
+from dedup_contract.faults import ENV as FAULTS_ENV
+from dedup_contract.ids import id_key
+from dedup_contract.store import Store, StoreOwner
+from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker
 from dedup_local.worker import start_worker
 from dedup_worker.config import WorkerConfig
-from dedup_worker.faults import ENV as FAULTS_ENV
-from dedup_worker.ids import id_key
-from dedup_worker.store import Store, StoreOwner
-from dedup_worker.window import WindowPolicy
 
 TARGET_S = 5.0
 BUILD_BATCH = 5_000

@@ -2,7 +2,7 @@
 
     python bench/store.py [--keys 10000000] [--huge] [--skip-baseline] [--dir DIR]
 
-Ours: ``dedup_worker.store.Store`` -- generations as column families, bloom filters,
+Ours: ``dedup_contract.store.Store`` -- generations as column families, bloom filters,
 shared bounded block cache, zstd at the bottommost level; expiry drops a generation.
 Baseline: the straightforward design on rocksdict with default options -- one key per
 id (value: its sequence number) plus a sequence index (sequence number -> id) in a
@@ -46,9 +46,9 @@ from rocksdict import (
     WriteBatch,
 )
 
-from dedup_worker.ids import id_key
-from dedup_worker.store import MiB, Store, StoreConfig, StoreOwner
-from dedup_worker.window import WindowPolicy
+from dedup_contract.ids import id_key
+from dedup_contract.store import MiB, Store, StoreConfig, StoreOwner
+from dedup_contract.window import WindowPolicy
 
 BATCH = 5_000
 OWNER = StoreOwner("bench", "store", 0)

@@ -86,12 +86,12 @@ from confluent_kafka import (
 )
 from peers import kstreams_peer as kstreams
 
+from dedup_contract.ownership import owner
+from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig
 from dedup_worker.loop import BatchResult, DedupWorker
-from dedup_worker.ownership import owner
-from dedup_worker.window import WindowPolicy
 
 HERE = Path(__file__).resolve().parent
 DUPLICATE_SHARE = 0.02

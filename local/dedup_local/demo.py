@@ -48,6 +48,9 @@ from typing import Any, TypeVar
 import yaml
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
+from dedup_contract.ids import ID_HEADER
+from dedup_contract.ownership import owner
+from dedup_contract.timefmt import parse_time
 from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
 from dedup_local.chart import NAMESPACE as OPERATOR_NAMESPACE
 from dedup_local.chart import RELEASE as OPERATOR_RELEASE
@@ -58,10 +61,7 @@ from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.paths import REPO_ROOT, cache_dir
 from dedup_local.pod_health import unhealthy
 from dedup_operator import ctl, ctl_view
-from dedup_operator.observed import parse_time
-from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DLQ_REASON
-from dedup_worker.ownership import owner
 
 PARTITIONS = 3
 BACKLOG = 6_000  # produced before the operator is installed

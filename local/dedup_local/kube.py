@@ -286,15 +286,11 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ clients
     def api_client(self) -> ApiClient:
-        """A new kubernetes.client.ApiClient authenticated as the admin."""
-        from kubernetes import client
+        """A new kubernetes.client.ApiClient authenticated as the admin (from the admin's
+        kubeconfig: this server, its CA, the admin's token), without a request limit."""
+        from dedup_contract import kube_client
 
-        cfg = client.Configuration()
-        cfg.host = self.server
-        cfg.ssl_ca_cert = str(self.ca_path)
-        cfg.verify_ssl = True
-        cfg.api_key = {"authorization": f"Bearer {self._token}"}
-        return client.ApiClient(cfg)
+        return kube_client.api_client(self.kubeconfig_path, qps=None)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120

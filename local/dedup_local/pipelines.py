@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 
 WORKER_ON_CLUSTER: dict[str, Any] = {
     "image": "dedup-operator:dev",

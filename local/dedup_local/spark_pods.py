@@ -16,8 +16,8 @@ from typing import Any
 
 from kubernetes import client
 
+from dedup_contract.driver_pod import pod_identity_env
 from dedup_operator.desired.audit import DRIVER_RULES, RESULT_VERBS
-from dedup_spark.session import pod_identity_env
 
 from .cluster import LocalCluster
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
-from dedup_operator.observed import parse_time
+from dedup_contract.timefmt import format_time_exact, parse_time
 from dedup_operator.status import Condition
 
 CONDITION: Final = "ReconciliationHealthy"
@@ -67,17 +66,13 @@ def parse_summary(text: str | None) -> dict[str, Any]:
     return summary
 
 
-def _rfc3339(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
-
-
 def last_reconciliation(summary: Mapping[str, Any], configmap: str) -> dict[str, Any]:
     """`status.lastReconciliation` of one parsed summary."""
     totals = summary["totals"]
     finished = parse_time(summary["finishedAt"])
     assert finished is not None
     last: dict[str, Any] = {
-        "time": _rfc3339(finished),
+        "time": format_time_exact(finished),
         "passed": bool(summary["passed"]),
         "checked": int(totals.get("input", 0)),
         **{name: int(totals.get(name, 0)) for name in FINDINGS},

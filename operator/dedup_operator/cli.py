@@ -106,7 +106,7 @@ def _preflight(kubeconfig: str | None, namespaces: Sequence[str]) -> tuple[objec
     from kubernetes.config import ConfigException
     from urllib3.exceptions import HTTPError
 
-    from dedup_operator import names
+    from dedup_contract import names
     from dedup_operator.kube import api_client
 
     try:
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dedup_operator import handlers
     from dedup_operator.kube import Kube
-    from dedup_operator.reconcile import ReconcileSettings, observe_heartbeat
+    from dedup_operator.settings import ReconcileSettings
 
     namespaces: list[str] = list(args.namespace)
     api, problem = _preflight(args.kubeconfig, namespaces if not args.all_namespaces else [])
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube = Kube(api)  # type: ignore[arg-type]
     # Nodes, node Leases, VolumeAttachments: watched, not listed per pass; each node
     # heartbeat noted as it happens
-    kube.watch_cluster(on_heartbeat=observe_heartbeat)
+    kube.watch_cluster(on_heartbeat=handlers.RUNTIME.lease_watch.observe_heartbeat)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
     identity = None

@@ -31,7 +31,9 @@ from typing import Any, NoReturn
 
 import yaml
 
-from dedup_operator import ctl_view, names
+from dedup_contract import kube_client, names
+from dedup_contract.timefmt import format_time
+from dedup_operator import ctl_view
 from dedup_operator.kube import scrape
 
 OK, AUDIT_FAILED, USAGE, UNREACHABLE, NOT_FOUND, NO_CRD, FORBIDDEN, AUDIT_UNFINISHED = range(8)
@@ -56,7 +58,6 @@ class Cluster:
         from kubernetes.config.config_exception import ConfigException
 
         self._client = client
-        cfg = client.Configuration()
         path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
         default_path = Path.home() / ".kube" / "config"
         context_ns: str | None = None
@@ -65,22 +66,18 @@ class Cluster:
                 file = path or str(default_path)
                 if not Path(file).exists():
                     raise CtlError(UNREACHABLE, f"kubeconfig {file} not found")
-                config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=file, context=context, client_configuration=cfg
-                )
+                self.api = kube_client.api_client(file, context=context, retries=1)
                 contexts, active = config.list_kube_config_contexts(file)  # type: ignore[no-untyped-call]
                 chosen = next((c for c in contexts if c["name"] == context), active)
                 context_ns = ((chosen or {}).get("context") or {}).get("namespace")
-            else:
-                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            else:  # in-cluster only: no kubeconfig to fall back on
+                self.api = kube_client.api_client(default_kubeconfig=False, retries=1)
                 ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
                 context_ns = ns_file.read_text().strip() if ns_file.exists() else None
         except ConfigException as exc:
             raise CtlError(UNREACHABLE, f"no usable kubeconfig: {exc}") from None
-        cfg.retries = 1
-        self.host = str(cfg.host)
+        self.host = str(self.api.configuration.host)
         self.namespace = namespace or context_ns or "default"
-        self.api = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.batch = client.BatchV1Api(self.api)
@@ -206,7 +203,7 @@ class Cluster:
                     "type": e.type,
                     "reason": e.reason,
                     "message": e.message,
-                    "time": _rfc3339(at) if at else None,
+                    "time": format_time(at) if at else None,
                 }
             )
         return out
@@ -243,10 +240,6 @@ def _root_cause(exc: BaseException) -> str:
         reason = getattr(reason, "reason", None)
     text = str(reason or exc)
     return text.split(": ", 1)[-1] if "Connection refused" in text else text
-
-
-def _rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _now() -> datetime:
@@ -330,7 +323,7 @@ def cmd_status(cluster: Cluster, args: argparse.Namespace) -> int:
         if args.output == "table":
             if sys.stdout.isatty():
                 print("\033[H\033[2J", end="")
-            print(f"Every {args.interval:g}s: dedupctl status   {_rfc3339(_now())}\n")
+            print(f"Every {args.interval:g}s: dedupctl status   {format_time(_now())}\n")
             print(ctl_view.render_status(doc, _now()), flush=True)
         elif args.output == "json":  # one document per line and refresh (JSON Lines)
             print(json.dumps(doc), flush=True)

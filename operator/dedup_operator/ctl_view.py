@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from dedup_operator import names, ownership
+from dedup_contract import names
+from dedup_contract.timefmt import parse_time
+from dedup_operator import ownership
 from dedup_operator.failover import (
     FAILOVER_EVENTS,
     FORCE_DETACH,
@@ -41,7 +43,6 @@ from dedup_operator.failover import (
     taint_blocked_by,
 )
 from dedup_operator.kube import worker_counters
-from dedup_operator.observed import parse_time
 
 # The Events that begin and complete a handover; a completion's handover reason (None:
 # a failover, whose reason its start told)

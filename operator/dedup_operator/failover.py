@@ -13,7 +13,7 @@ started by node loss, a failed or vanished pod, or a spec change. After node los
 
 1. **fenced**   - the old worker's Lease has run out: the operator has seen it unchanged
                   for a full duration on its own monotonic clock
-                  (`dedup_worker.lease_clock`, the one expiry rule), so the old worker
+                  (`dedup_contract.lease_clock`, the one expiry rule), so the old worker
                   (renew deadline < duration, on its own monotonic clock) has stopped
                   committing. Wall-clock `renewTime`s are never compared across machines;
                   an operator that restarted has no history and waits a full duration.
@@ -87,7 +87,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
-from dedup_worker import lease_clock
+from dedup_contract import lease_clock
+from dedup_contract.timefmt import format_time_exact, parse_rfc3339
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 # Set by the cloud node lifecycle controller on a NotReady node whose instance the cloud
@@ -166,7 +167,7 @@ class FailoverPolicy:
 @dataclass(frozen=True)
 class LeaseView:
     """A Lease as the operator sees it: what it says, and for how long the operator has
-    seen it unchanged on its own monotonic clock (`dedup_worker.lease_clock.LeaseClock`;
+    seen it unchanged on its own monotonic clock (`dedup_contract.lease_clock.LeaseClock`;
     zero at first sight, e.g. after an operator restart)."""
 
     holder: str | None
@@ -329,7 +330,7 @@ class Handover:
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "reason": self.reason.value,
-            "started": _rfc3339(self.started),
+            "started": format_time_exact(self.started),
             "fromEpoch": self.from_epoch,
             "fromPod": self.from_pod,
             "fromNode": self.from_node,
@@ -344,7 +345,7 @@ class Handover:
     def from_status(cls, data: Mapping[str, Any]) -> Handover:
         return cls(
             reason=HandoverReason(data["reason"]),
-            started=datetime.fromisoformat(str(data["started"]).replace("Z", "+00:00")),
+            started=parse_rfc3339(str(data["started"])),
             from_epoch=int(data["fromEpoch"]),
             from_pod=data.get("fromPod"),
             from_node=data.get("fromNode"),
@@ -877,7 +878,3 @@ def join_out_of_service_taint(node: NodeView | None, pipeline: str, h: Handover 
         and bool(node.tainted_by)
         and pipeline not in node.tainted_by
     )
-
-
-def _rfc3339(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")

@@ -28,31 +28,30 @@ from typing import Any
 import kopf
 from kubernetes.client import ApiClient
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_operator.executor import Recorder
 from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
-from dedup_operator.reconcile import (
-    OUR_FINALIZERS,
-    ReconcileSettings,
-    Recorder,
-    forget,
-    next_pass_in,
-    reconcile,
-    watch_leases,
-)
+from dedup_operator.memory import LeaseWatch, PipelineMemories
+from dedup_operator.pass_outcome import Outcome
+from dedup_operator.reconcile import OUR_FINALIZERS, reconcile, watch_leases
+from dedup_operator.settings import ReconcileSettings
 
 log = logging.getLogger("dedup_operator")
 
 
 @dataclass
 class Runtime:
-    """Set by the CLI before kopf starts."""
+    """Set by the CLI before kopf starts; `memories` and `lease_watch` are what the
+    process remembers between passes (per pipeline, and of every Lease it saw)."""
 
     kube: Kube | None = None
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     leader: LeaderElection | None = None  # None: no election, always act
     stop: threading.Event = field(default_factory=threading.Event)
+    memories: PipelineMemories = field(default_factory=PipelineMemories)
+    lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
 
 
 RUNTIME = Runtime()
@@ -81,18 +80,35 @@ def recorder(kube: Kube, body: Mapping[str, Any]) -> Recorder:
     return record
 
 
-def reconcile_one(kube: Kube, namespace: str, name: str) -> None:
+def reconcile_one(kube: Kube, namespace: str, name: str) -> Outcome | None:
+    """A pass over the pipeline (None: this replica is a standby, it only watched)."""
     leader = RUNTIME.leader
-    if leader is None:
-        reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
-        return
-    if not leader.is_leader():
+    if leader is not None and not leader.is_leader():
         # another replica acts; this one watches the Leases, to take over with history
-        watch_leases(kube, namespace, name)
-        return
-    # and before each mutating call of the pass, again (a pass may outlive leadership)
-    with kube.acting(leader.is_leader):
-        reconcile(kube, namespace, name, lambda body: recorder(kube, body), RUNTIME.settings)
+        watch_leases(kube, namespace, name, RUNTIME.lease_watch)
+        return None
+    memory = RUNTIME.memories.of(namespace, name)
+
+    def one_pass() -> Outcome:
+        return reconcile(
+            kube,
+            namespace,
+            name,
+            lambda body: recorder(kube, body),
+            RUNTIME.settings,
+            memory,
+            RUNTIME.lease_watch,
+        )
+
+    if leader is None:
+        outcome = one_pass()
+    else:
+        # and before each mutating call of the pass, again (a pass may outlive leadership)
+        with kube.acting(leader.is_leader):
+            outcome = one_pass()
+    if outcome.finalized:
+        RUNTIME.memories.forget(namespace, name)
+    return outcome
 
 
 FOLLOW_UP_S = 1.0  # the shortest wait between two rounds (a handover's next step)
@@ -100,8 +116,8 @@ FOLLOW_UP_S = 1.0  # the shortest wait between two rounds (a handover's next ste
 
 def resync_forever() -> None:
     """A pass over every pipeline each interval, until RUNTIME.stop is set; sooner when
-    a pass acted or something it waits for is due before then (`next_pass_in`), never
-    more often than every FOLLOW_UP_S."""
+    a pass acted or something it waits for is due before then (its Outcome's
+    `requeue_after`: the smallest of them), never more often than every FOLLOW_UP_S."""
     kube = _kube()
     wait = RUNTIME.settings.interval_s
     while not RUNTIME.stop.wait(wait):
@@ -118,12 +134,12 @@ def resync_forever() -> None:
             ):
                 continue  # a deleted pipeline is finalized only for its taints and topic
             try:
-                reconcile_one(kube, meta["namespace"], meta["name"])
+                outcome = reconcile_one(kube, meta["namespace"], meta["name"])
             except Exception as exc:  # one bad pass must not stop the loop
                 log.exception("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
                 continue
             leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
-            due = next_pass_in(meta["namespace"], meta["name"]) if leading else None
+            due = outcome.requeue_after if outcome is not None and leading else None
             if due is not None:
                 wait = max(FOLLOW_UP_S, min(wait, due))
 
@@ -208,7 +224,7 @@ def _retains_volumes(spec: Mapping[str, Any], **_: Any) -> bool:
 def keep_volumes(body: kopf.Body, name: str, namespace: str, uid: str, **_: Any) -> None:
     kube = _kube()
     kept = kube.release_volume_claims(namespace, name)
-    forget(namespace, name)
+    RUNTIME.memories.forget(namespace, name)
     if kept:
         kube.event(
             body,

@@ -16,11 +16,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from dedup_operator import names
+from dedup_contract import broker_logs, kube_client, names
+from dedup_contract.timefmt import format_time
 from dedup_operator.cache import WatchedKind
 from dedup_operator.desired.audit import (
     SCHEDULED_APP_LABEL,
@@ -38,7 +39,6 @@ from dedup_operator.topics import (
     TopicCheck,
     TopicFacts,
 )
-from dedup_worker import broker_logs
 
 log = logging.getLogger("dedup_operator.kube")
 
@@ -48,15 +48,9 @@ Obj = dict[str, Any]
 
 
 def api_client(kubeconfig: str | None = None) -> ApiClient:
-    """Admin client from a kubeconfig, or the pod's service account in a cluster."""
-    if kubeconfig:
-        made: ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        return made
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return ApiClient()
+    """The operator's client (`kube_client.api_client`): from a kubeconfig, else the pod's
+    service account in a cluster, else the default kubeconfig."""
+    return kube_client.api_client(kubeconfig or None)
 
 
 def _absent(exc: ApiException) -> bool:
@@ -696,8 +690,8 @@ class Kube:
             "source": {"component": names.MANAGER},
             "reportingComponent": names.MANAGER,
             "reportingInstance": socket.gethostname(),
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
+            "firstTimestamp": format_time(now),  # Time: whole seconds
+            "lastTimestamp": format_time(now),
             "count": 1,
         }
         try:
@@ -858,15 +852,6 @@ def delete_topic(
     except Exception as exc:
         return str(exc) or type(exc).__name__
     return None
-
-
-def parse_kafka_settings(text: str | None) -> dict[str, str]:
-    """`key=value[,key=value]` (the worker's --kafka-config form) as a dict."""
-    out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in (text or "").split(","))):
-        key, _, value = item.partition("=")
-        out[key.strip()] = value.strip()
-    return out
 
 
 # ------------------------------------------------------------------------ metrics

@@ -3,12 +3,13 @@
 Every replica runs the kopf watches, but only the holder of the Lease
 `dedup-operator-leader` reconciles. A replica takes the Lease when it is free or has
 expired: seen unchanged for leaseDurationSeconds on this replica's monotonic clock
-(`dedup_worker.lease_clock`, the one expiry rule; never the holder's wall-clock
-renewTime against ours; a replica just started waits a full duration), renews it every third of
-the duration with a compare-and-set on resourceVersion, and considers itself leader only
-until 2/3 of the duration after the start of its last successful renew, by its own
-monotonic clock: it stops acting before anyone else may start. On a clean stop it
-releases the Lease so a successor takes over at once.
+(`dedup_contract.lease_clock`, the one expiry rule; never the holder's wall-clock
+renewTime against ours; a replica just started waits a full duration), renews it with a
+compare-and-set on resourceVersion, and considers itself leader only until the renew
+deadline after the start of its last successful renew, by its own monotonic clock
+(`lease_clock.LeaseTiming`, the holder's timing the workers use too: renew every third
+of the duration, held for two thirds): it stops acting before anyone else may start. On
+a clean stop it releases the Lease so a successor takes over at once.
 
 **Identity.** Each process is `<pod name>-<random UUID>` (`leader_identity`): the pod's
 name from the downward API (`POD_NAME`), else the host name, and a UUID made when the
@@ -35,8 +36,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dedup_operator.observed import format_micro_time, parse_time
-from dedup_worker import lease_clock
+from dedup_contract import lease_clock
+from dedup_contract.timefmt import format_micro_time, parse_time
 
 log = logging.getLogger("dedup_operator.leader")
 
@@ -80,6 +81,7 @@ class LeaderElection:
         self.namespace = namespace
         self.identity = identity
         self.duration_s = max(1, duration_s)
+        self.timing = lease_clock.LeaseTiming.for_duration(self.duration_s)
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
@@ -125,7 +127,8 @@ class LeaderElection:
                     extra={"identity": self.identity},
                 )
                 self._was_leader = leader
-            self._stop.wait(self.duration_s / 3 if leader else min(1.0, self.duration_s / 3))
+            every = self.timing.renew_every_s
+            self._stop.wait(every if leader else min(1.0, every))
 
     def _try(self) -> None:
         started = time.monotonic()
@@ -147,7 +150,7 @@ class LeaderElection:
             }
             made = self.leases.create_namespaced_lease(self.namespace, body)  # type: ignore[arg-type]
             self._written = made.metadata.resource_version if made.metadata else None
-            self._valid_until = started + self.duration_s * 2 / 3
+            self._valid_until = self.timing.held_until(started)
             return
         spec = lease.spec
         assert spec is not None
@@ -175,4 +178,4 @@ class LeaderElection:
         self._written = None  # unknown until the answer: a lost answer is not ours
         done = self.leases.replace_namespaced_lease(LEASE_NAME, self.namespace, lease)
         self._written = done.metadata.resource_version if done.metadata else None
-        self._valid_until = started + self.duration_s * 2 / 3
+        self._valid_until = self.timing.held_until(started)

@@ -7,16 +7,18 @@ frozen views of `dedup_operator.failover`. Missing fields read as the API's defa
 Leases (the partitions', the nodes' in `kube-node-lease`) are the one exception to
 "pure": their views say how long the operator has seen them unchanged, which only the
 operator process can know. The caller passes its `LeaseClock` (the observation memory,
-`dedup_worker.lease_clock`); without one every Lease reads as renewed just now.
+`dedup_contract.lease_clock`); without one every Lease reads as renewed just now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.lease_clock import LeaseClock, LeaseStamp, is_free
+from dedup_contract.timefmt import parse_time
 from dedup_operator.failover import (
     OUT_OF_SERVICE_TAINT,
     SHUTDOWN_TAINT,
@@ -26,23 +28,8 @@ from dedup_operator.failover import (
     NodeView,
     PodView,
 )
-from dedup_worker.lease_clock import LeaseClock, LeaseStamp, is_free
 
 Obj = Mapping[str, Any]
-
-
-def parse_time(value: object) -> datetime | None:
-    """RFC 3339 (metav1.Time / MicroTime) or a datetime, as an aware UTC datetime."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
-
-
-def format_micro_time(t: datetime) -> str:
-    """A Lease's MicroTime: RFC 3339 with microseconds, in UTC."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _meta(obj: Obj) -> Obj:

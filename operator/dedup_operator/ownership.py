@@ -1,7 +1,7 @@
 """Which ownership generation a pipeline's workers run, decided from its status (pure).
 
 Under ownership each id has one owner, `owner(id) = (murmur2(id) & 0x7fffffff) % workers`
-(`dedup_worker.ownership`): worker w reads input partitions i with i % workers == w and
+(`dedup_contract.ownership`): worker w reads input partitions i with i % workers == w and
 internal-topic partitions q with q % workers == w, publishes the ids it owns to output
 partition w, and forwards the others through the internal topic. The worker count is part
 of every store and of the internal topic's layout, so it is fixed once workers started:
@@ -56,6 +56,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from dedup_contract.timefmt import format_time
 from dedup_operator.failover import (
     CreatePod,
     Decision,
@@ -67,7 +68,7 @@ from dedup_operator.failover import (
     partition_action,
 )
 from dedup_operator.spec import PipelineSpec
-from dedup_operator.status import Condition, rfc3339
+from dedup_operator.status import Condition
 
 STATUS_KEY: Final = "ownership"
 RESHARD_PENDING: Final = "ReshardPending"
@@ -226,7 +227,7 @@ def all_stopped(decisions: Mapping[int, Decision]) -> bool:
 def switched_record(workers: int, now: datetime) -> dict[str, Any]:
     """status.ownership once every worker stopped: the generation the workers start
     with, and when the pipeline was switched."""
-    return {"workers": workers, "reshards": 0, "switched": rfc3339(now)}
+    return {"workers": workers, "reshards": 0, "switched": format_time(now)}
 
 
 def switching_condition(state: OwnershipState | None, workers_ready: bool) -> Condition | None:

@@ -3,77 +3,130 @@
 A pass over a pipeline is observe → decide → act → report (`reconcile.py` is the
 shell). This module is the decide step and the pure half of the report:
 
-- `plan_pass(observation, now)` decides every partition with
+- `plan_pass(observation, now, settings)` decides every partition with
   `failover.partition_action`, and from those decisions: the status record to persist
   *before* acting (the handover records, and the nodes about to be tainted so that a
   restarted operator knows which taints are its own to lift), whether the taint
-  finalizer must be set first, the actions to carry out in order, the Events that go
-  with them, and which of our out-of-service taints to lift or forget.
+  finalizer must be set first, and which of our out-of-service taints to lift or
+  forget. Then every action of the pass in order (`actions.py`, their Events composed
+  by `events.py`): the pipeline's own objects and volume claims, the record, each
+  partition's action, the taints, the audit's result, what the status tells.
+  A plan that creates the internal topic holds nothing after it: the workers are
+  decided on the topic as made (`Plan.observe_again`).
+- `plan_invalid` / `plan_finalize`: a spec that does not parse, a deleted pipeline.
 - `pipeline_status(...)` composes the status written at the end of the pass.
 
-Nothing here reads the cluster or a clock; `reconcile.py` runs the plan and, where an
-action's outcome matters (a taint someone else's got there first), says so back.
+Nothing here reads the cluster or a clock; the executor applies the actions and, where
+an action's outcome matters (a taint someone else's got there first), keeps track.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import singledispatch
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.timefmt import format_time
+from dedup_operator import audit_result, events
 from dedup_operator import ownership as ownership_mod
+from dedup_operator.actions import (
+    AdoptAuditResult,
+    ApplyAuditSchedule,
+    CountAuditResult,
+    CountHandoverBegun,
+    CountHandoverCompleted,
+    CreateOwnedTopic,
+    CreateVolumeClaim,
+    CreateWorker,
+    DeleteAuditObject,
+    DeleteOwnedTopic,
+    DeleteWorkers,
+    EnsureObject,
+    FenceWorkerLease,
+    LiftOutOfService,
+    MarkOutOfService,
+    Note,
+    PassAction,
+    ReleaseTaintFinalizer,
+    RememberAuditUnreadable,
+    RememberObjectsEnsured,
+    RememberSwitchIgnoredTold,
+    RememberTopicCheck,
+    ReplaceDisruptionBudget,
+    ReplaceRoleRules,
+    ResizeVolumeClaim,
+    SetFinalizer,
+    Tell,
+    TopicQuery,
+    WriteHandoverRecord,
+)
+from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired import partition as desired_partition
+from dedup_operator.desired.owner import Owner
+from dedup_operator.desired.pipeline import disruption_budget, pipeline_objects, role
+from dedup_operator.events import Event
 from dedup_operator.failover import (
     Action,
     BeginHandover,
-    CancelHandover,
     CompleteHandover,
+    CreateLease,
     CreatePod,
     Decision,
+    DeletePods,
     FailoverPolicy,
+    FenceLease,
     Handover,
     LeaseView,
     NodeView,
     PartitionObservation,
     PodView,
-    Release,
     Steady,
     TaintOutOfService,
-    handover_events,
     join_out_of_service_taint,
     partition_action,
     remove_out_of_service_taint,
 )
+from dedup_operator.memory import Recalled
 from dedup_operator.observed import Obj, attachments_of
+from dedup_operator.ownership import OWNERSHIP_SWITCHING, OwnershipState, SwitchPhase
 from dedup_operator.ownership import STATUS_KEY as OWNERSHIP_KEY
-from dedup_operator.ownership import OwnershipState, SwitchPhase
-from dedup_operator.spec import PipelineSpec
+from dedup_operator.settings import ReconcileSettings
+from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
     Condition,
     PartitionStatus,
     merge_conditions,
     phase_of,
-    rfc3339,
     summary_conditions,
 )
-from dedup_operator.topics import TopicCheck
-
-Event = tuple[str, str, str]  # (type "Normal"|"Warning", reason, message)
-
-RELEASE_EVENTS = {
-    Release.GRACEFUL: ("Normal", "ReleasedGracefully"),
-    Release.OUT_OF_SERVICE_TAINT: ("Normal", "ReleaseByOutOfServiceTaint"),
-    Release.TAINT_BLOCKED: ("Warning", "OutOfServiceTaintBlocked"),
-    Release.WAIT_FOR_DETACH: ("Normal", "WaitingForDetach"),
-    Release.EXTERNAL: ("Normal", "WaitingForOutOfServiceTaint"),
-}
+from dedup_operator.topics import OwnedTopicSettings, TopicCheck
 
 
 def taint_mark(namespace: str, name: str) -> str:
     """How a pipeline marks the out-of-service taints it relies on (node annotation)."""
     return f"{namespace}/{name}"
+
+
+# ---------------------------------------------------------------- observations
+@dataclass(frozen=True)
+class AuditSeen:
+    """The scheduled audit's result as read: its ConfigMap (None: none yet) and the
+    newest Spark operator run (name, state)."""
+
+    config_map: Obj | None = None
+    run: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class MissingOwnedTopic:
+    """The internal topic does not exist and the operator is to create it: how."""
+
+    query: TopicQuery
+    wanted: OwnedTopicSettings
 
 
 @dataclass(frozen=True)
@@ -91,6 +144,18 @@ class PipelineObservation:
     topic: TopicCheck
     # the ownership generation (dedup_operator.ownership.decide); None: as a new pipeline
     ownership: OwnershipState | None = None
+    # the memory key of `topic` when it was read in this pass (it is remembered then)
+    topic_read: tuple[Any, ...] | None = None
+    uid: str = ""  # the pipeline's: the owner of its objects
+    finalizers: frozenset[str] = frozenset()  # the pipeline's, as read at the pass's start
+    recalled: Recalled = field(default_factory=Recalled)
+    owned_topic: MissingOwnedTopic | None = None  # to create before anything else
+    spark_operator: bool = False  # the ScheduledSparkApplication CRD is installed
+    audit: AuditSeen = field(default_factory=AuditSeen)
+
+    @property
+    def owner(self) -> Owner:
+        return Owner(self.spec.name, self.spec.namespace, self.uid)
 
     def previous_partition(self, p: int) -> Mapping[str, Any]:
         for entry in self.previous.get("partitions") or []:
@@ -103,6 +168,35 @@ class PipelineObservation:
         return (claim.get("spec") or {}).get("volumeName")
 
 
+@dataclass(frozen=True)
+class InvalidSpec:
+    """A pipeline whose spec does not parse, as one pass read it."""
+
+    namespace: str
+    name: str
+    message: str
+    generation: int
+    previous: Mapping[str, Any]  # the status as read
+
+
+@dataclass(frozen=True)
+class DeletedPipeline:
+    """What one pass read of a deleted pipeline that still carries our finalizers."""
+
+    namespace: str
+    name: str
+    finalizers: frozenset[str]
+    topic: str  # the internal topic the operator names for it
+    marked_nodes: tuple[str, ...] = ()  # taints with our mark, or in status.taintedNodes
+    workers: tuple[tuple[str, str | None], ...] = ()  # (name, uid) of pods not deleting
+    held_leases: tuple[str, ...] = ()  # partition Leases not run out on our clock
+    spec_error: str | None = None  # the spec does not parse
+    settings_error: str | None = None  # the Kafka settings cannot be read
+    bootstrap: str = ""
+    kafka_settings: Mapping[str, str] | None = None
+
+
+# ----------------------------------------------------------------------- plans
 @dataclass(frozen=True)
 class PartitionStep:
     """One partition's part of the plan: its action (None: nothing to carry out, e.g. a
@@ -117,28 +211,36 @@ class PartitionStep:
 
 @dataclass(frozen=True)
 class Plan:
-    steps: tuple[PartitionStep, ...]
-    partitions: Mapping[int, PartitionStatus]
+    steps: tuple[PartitionStep, ...] = ()
+    partitions: Mapping[int, PartitionStatus] = field(default_factory=dict)
     # persisted before any action, when not None
-    record: Mapping[str, Any] | None
-    set_finalizer: bool  # the taint finalizer goes on before anything is tainted
-    tainted: tuple[str, ...]  # status.taintedNodes once the record is written
-    to_taint: frozenset[str]  # lost nodes this pipeline taints
-    to_join: frozenset[str]  # lost nodes already tainted by others that we mark too
-    lift: tuple[str, ...]  # our taints to remove (the node is back, none of our volumes)
-    forget: tuple[str, ...]  # tainted nodes gone or untainted by someone: off our list
-    failovers: int  # status.failovers after the completions in this plan
-    pod_uids: Mapping[str, str | None]  # each observed pod's uid: deletes are conditional
+    record: Mapping[str, Any] | None = None
+    set_finalizer: bool = False  # the taint finalizer goes on before anything is tainted
+    tainted: tuple[str, ...] = ()  # status.taintedNodes once the record is written
+    to_taint: frozenset[str] = frozenset()  # lost nodes this pipeline taints
+    to_join: frozenset[str] = frozenset()  # lost nodes tainted by others that we mark too
+    lift: tuple[str, ...] = ()  # our taints to remove (the node is back, none of our volumes)
+    forget: tuple[str, ...] = ()  # tainted nodes gone or untainted by someone: off our list
+    failovers: int = 0  # status.failovers after the completions in this plan
+    # each observed pod's uid: deletes are conditional
+    pod_uids: Mapping[str, str | None] = field(default_factory=dict)
     # status.ownership after this plan: as recorded, or recorded by this plan's record
     # before it creates the first worker; None: not yet (no worker started) or off
     ownership: Mapping[str, Any] | None = None
     # the pipeline's own Events, told once the record is written (the switch's steps)
     events: tuple[Event, ...] = ()
+    # status.taintedNodes after the lifts and forgets (a taint of ours that someone
+    # else's got to first comes off it when acting)
+    relying_on: tuple[str, ...] = ()
+    actions: tuple[PassAction, ...] = ()  # everything the act step applies, in order
+    observe_again: bool = False  # the internal topic is created first: decide on it
+    last_audit: Mapping[str, Any] | None = None  # status.lastReconciliation after it
+    audit_condition: Condition | None = None
 
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
 
-    def next_pass_in(self, now: datetime) -> float | None:
+    def requeue_after(self, now: datetime) -> float | None:
         """When the next pass is due, in seconds: at once (0) when this one acted -- a
         handover takes one step per pass (fence, release, create), and each step's
         outcome is what the next one decides on -- else when the earliest wait runs out
@@ -156,119 +258,67 @@ class Plan:
         return max(0.0, min(waits)) if waits else None
 
 
-def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
+@dataclass(frozen=True)
+class InvalidSpecPlan:
+    actions: tuple[PassAction, ...]
+    status: dict[str, Any]  # written whatever the status was
+
+
+@dataclass(frozen=True)
+class FinalizePlan:
+    actions: tuple[PassAction, ...]
+    complete: bool  # every finalizer of ours goes once the actions are applied
+
+
+# ------------------------------------------------------------------ the pass
+def plan_pass(
+    obs: PipelineObservation, now: datetime, settings: ReconcileSettings | None = None
+) -> Plan:
+    """The pass's plan, in the order its actions are applied: the topics' check read
+    in this pass remembered, what is told of the ownership generation, the pipeline's
+    own objects and volume claims (the internal topic, when it is to be created, ends
+    the plan there), the TopicReady failure, the workers' plan (`_plan_workers`), the
+    audit's result, and what the new status tells."""
+    setup = _setup_actions(obs, settings or ReconcileSettings())
+    if obs.owned_topic is not None:
+        return _topic_first(obs, setup)
+    workers = _plan_workers(obs, now)
+    audit = _plan_audit(obs)
+    workers = replace(workers, last_audit=audit.last, audit_condition=audit.condition)
+    actions = (
+        *_topic_remembered(obs),
+        *_told_first(obs),
+        *setup,
+        *_topic_told(obs),
+        *_worker_actions(obs, workers),
+        *audit.actions,
+        *_told_by_status(obs, workers, now),
+    )
+    return replace(workers, actions=actions)
+
+
+def _plan_workers(obs: PipelineObservation, now: datetime) -> Plan:
+    """Every partition's decision and what follows from them: the record persisted
+    before acting, each partition's step, the taints to mark, lift or forget."""
     spec = obs.spec
     us = taint_mark(spec.namespace, spec.name)
-    policy = spec.failover.policy()
-    decisions = _decide_partitions(obs, policy, now)
-    ownership_stopped = ownership_mod.all_stopped(decisions)
-
-    parts = {
-        p: _partition_status(p, list(obs.pods.get(p, ())), d, obs.previous_partition(p))
-        for p, d in decisions.items()
-    }
-    for p, d in decisions.items():
-        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
-            parts[p] = replace(
-                parts[p],
-                last_handover=_completed(d.action.handover.to_status(), d.action.pod),
-                last_failover=rfc3339(now),
-            )
-    changed = any(
-        _handover_status(d) != (obs.previous_partition(p).get("handover") or None)
-        for p, d in decisions.items()
-    )
-
+    decisions = _decide_partitions(obs, spec.failover.policy(), now)
+    parts = _partition_statuses(obs, decisions, now)
+    to_taint, to_join = _taints_relied_on(obs, decisions, us)
     tainted = list(obs.previous.get("taintedNodes") or [])
-    to_taint = frozenset(
-        d.action.node for d in decisions.values() if isinstance(d.action, TaintOutOfService)
-    )
-    to_join = frozenset(
-        d.handover.from_node
-        for d in decisions.values()
-        if d.handover is not None
-        and d.handover.from_node
-        and join_out_of_service_taint(obs.nodes.get(d.handover.from_node), us, d.handover)
-    )
     marking = sorted(n for n in to_taint | to_join if n not in tainted)
     tainted += marking
-    # counted with the completions that the record ends: a pass killed (or whose final
-    # status write conflicts) after the record is written never decides them again
-    failovers = int(obs.previous.get("failovers") or 0) + sum(
-        1
-        for d in decisions.values()
-        if isinstance(d.action, CompleteHandover)
-        and not d.action.handover.reason.planned  # a roll or a drain is not a failover
-    )
-    record = None
-    if changed or marking:
+    failovers = _failovers(obs, decisions)
+    record: Mapping[str, Any] | None = None
+    if marking or _handovers_changed(obs, decisions):
         record = {
             "partitions": [s.to_status() for s in parts.values()],
             "taintedNodes": tainted,
             "failovers": failovers,
         }
-
-    steps = []
-    for p, d in decisions.items():
-        action: Action | None = d.action
-        if isinstance(action, CreatePod) and not _startable(obs.topic, p):
-            what = "internal topic" if obs.topic.reason.startswith("Owned") else "input topic"
-            parts[p] = replace(parts[p], waiting_for=f"{what} ({obs.topic.reason})")
-            action = None
-        steps.append(PartitionStep(p, d, action, _events(p, d, obs.previous_partition(p))))
-
-    state = obs.ownership
-    ownership = state.recorded if state is not None else None
-    events: list[Event] = []
-    switch = state.switch if state is not None else None
-    if switch == SwitchPhase.BEGIN and state is not None and state.to_record is not None:
-        # recorded with every partition's switch handover, before any worker is stopped
-        ownership = state.to_record
-        record = {**(record or {}), OWNERSHIP_KEY: dict(ownership)}
-        events.append(
-            (
-                "Normal",
-                "OwnershipSwitchStarted",
-                f"switching to ownership: all {spec.partitions} workers stop and are fenced, "
-                f"then start under ownership with the internal topic {spec.owned_topic}; "
-                "the output pauses meanwhile (one way)",
-            )
-        )
-    elif switch == SwitchPhase.STOPPING and ownership_stopped:
-        # every old worker is gone and fenced: the generation the workers start with is
-        # recorded (the merge patch drops `enabled` and `switching`); they start next pass
-        ownership = ownership_mod.switched_record(spec.partitions, now)
-        switched = {**ownership, "enabled": None, "switching": None}
-        record = {**(record or {}), OWNERSHIP_KEY: switched}
-        events.append(
-            (
-                "Normal",
-                "OwnershipSwitchWorkersStopped",
-                f"all {spec.partitions} workers stopped and fenced: starting them under ownership",
-            )
-        )
-    elif (
-        state is not None
-        and state.to_record is not None
-        and any(isinstance(s.action, CreatePod) for s in steps)
-    ):
-        # the generation the workers run is recorded before the first of them exists:
-        # from then on a change of spec.partitions is ReshardPending, and a pipeline
-        # with workers but no record is one that ran before ownership
-        ownership = state.to_record
-        record = {**(record or {}), OWNERSHIP_KEY: dict(ownership)}
-    elif record is not None and ownership is not None:
-        record = {**record, OWNERSHIP_KEY: dict(ownership)}  # kept with the entries
-
-    lift, forget = [], []
-    for node_name in tainted:
-        if node_name in to_taint | to_join:
-            continue  # marked in this pass, after the nodes were read
-        node = obs.nodes.get(node_name)
-        if node is None or us not in node.tainted_by:
-            forget.append(node_name)  # gone, or untainted by someone: not ours to lift
-        elif remove_out_of_service_taint(node, _our_attachments(obs, node_name), us):
-            lift.append(node_name)
+    steps, parts = _steps(obs, decisions, parts)
+    record, ownership, told = _with_ownership(obs, decisions, steps, record, now)
+    lift, forget = _lift_or_forget(obs, tainted, to_taint | to_join, us)
     return Plan(
         steps=tuple(steps),
         partitions=parts,
@@ -282,8 +332,136 @@ def plan_pass(obs: PipelineObservation, now: datetime) -> Plan:
         failovers=failovers,
         pod_uids={v.name: v.uid for views in obs.pods.values() for v in views},
         ownership=ownership,
-        events=tuple(events),
+        events=told,
+        relying_on=tuple(n for n in tainted if n not in lift and n not in forget),
     )
+
+
+def _partition_statuses(
+    obs: PipelineObservation, decisions: Mapping[int, Decision], now: datetime
+) -> dict[int, PartitionStatus]:
+    parts = {
+        p: _partition_status(p, list(obs.pods.get(p, ())), d, obs.previous_partition(p))
+        for p, d in decisions.items()
+    }
+    for p, d in decisions.items():
+        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
+            parts[p] = replace(
+                parts[p],
+                last_handover=_completed(d.action.handover.to_status(), d.action.pod),
+                last_failover=format_time(now),
+            )
+    return parts
+
+
+def _handovers_changed(obs: PipelineObservation, decisions: Mapping[int, Decision]) -> bool:
+    return any(
+        _handover_status(d) != (obs.previous_partition(p).get("handover") or None)
+        for p, d in decisions.items()
+    )
+
+
+def _taints_relied_on(
+    obs: PipelineObservation, decisions: Mapping[int, Decision], us: str
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(lost nodes this pipeline taints, lost nodes others tainted that it marks too)."""
+    to_taint = frozenset(
+        d.action.node for d in decisions.values() if isinstance(d.action, TaintOutOfService)
+    )
+    to_join = frozenset(
+        d.handover.from_node
+        for d in decisions.values()
+        if d.handover is not None
+        and d.handover.from_node
+        and join_out_of_service_taint(obs.nodes.get(d.handover.from_node), us, d.handover)
+    )
+    return to_taint, to_join
+
+
+def _failovers(obs: PipelineObservation, decisions: Mapping[int, Decision]) -> int:
+    """status.failovers, counted with the completions that the record ends: a pass
+    killed (or whose final status write conflicts) after the record is written never
+    decides them again."""
+    return int(obs.previous.get("failovers") or 0) + sum(
+        1
+        for d in decisions.values()
+        if isinstance(d.action, CompleteHandover)
+        and not d.action.handover.reason.planned  # a roll or a drain is not a failover
+    )
+
+
+def _steps(
+    obs: PipelineObservation,
+    decisions: Mapping[int, Decision],
+    parts: Mapping[int, PartitionStatus],
+) -> tuple[list[PartitionStep], dict[int, PartitionStatus]]:
+    """Each partition's step with its Events; a pod that may not start yet is none,
+    and its partition says what it waits for."""
+    parts = dict(parts)
+    steps = []
+    for p, d in decisions.items():
+        action: Action | None = d.action
+        if isinstance(action, CreatePod) and not _startable(obs.topic, p):
+            what = "internal topic" if obs.topic.reason.startswith("Owned") else "input topic"
+            parts[p] = replace(parts[p], waiting_for=f"{what} ({obs.topic.reason})")
+            action = None
+        told = events.partition_events(p, d, obs.previous_partition(p))
+        steps.append(PartitionStep(p, d, action, told))
+    return steps, parts
+
+
+def _with_ownership(
+    obs: PipelineObservation,
+    decisions: Mapping[int, Decision],
+    steps: Sequence[PartitionStep],
+    record: Mapping[str, Any] | None,
+    now: datetime,
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, tuple[Event, ...]]:
+    """(the record with status.ownership when it goes with it, status.ownership after
+    this plan, the switch's own Events)."""
+    spec, state = obs.spec, obs.ownership
+    ownership = state.recorded if state is not None else None
+    switch = state.switch if state is not None else None
+    if switch == SwitchPhase.BEGIN and state is not None and state.to_record is not None:
+        # recorded with every partition's switch handover, before any worker is stopped
+        started = events.switch_started(spec.partitions, spec.owned_topic)
+        return {**(record or {}), OWNERSHIP_KEY: dict(state.to_record)}, state.to_record, (started,)
+    if switch == SwitchPhase.STOPPING and ownership_mod.all_stopped(decisions):
+        # every old worker is gone and fenced: the generation the workers start with is
+        # recorded (the merge patch drops `enabled` and `switching`); they start next pass
+        ownership = ownership_mod.switched_record(spec.partitions, now)
+        switched = {**ownership, "enabled": None, "switching": None}
+        stopped = events.switch_workers_stopped(spec.partitions)
+        return {**(record or {}), OWNERSHIP_KEY: switched}, ownership, (stopped,)
+    if (
+        state is not None
+        and state.to_record is not None
+        and any(isinstance(s.action, CreatePod) for s in steps)
+    ):
+        # the generation the workers run is recorded before the first of them exists:
+        # from then on a change of spec.partitions is ReshardPending, and a pipeline
+        # with workers but no record is one that ran before ownership
+        return {**(record or {}), OWNERSHIP_KEY: dict(state.to_record)}, state.to_record, ()
+    if record is not None and ownership is not None:
+        return {**record, OWNERSHIP_KEY: dict(ownership)}, ownership, ()  # kept with the entries
+    return record, ownership, ()
+
+
+def _lift_or_forget(
+    obs: PipelineObservation, tainted: Sequence[str], marked: frozenset[str], us: str
+) -> tuple[list[str], list[str]]:
+    """(our taints to lift: the node is back and none of our volumes is attached there,
+    tainted nodes to forget: gone, or untainted by someone, not ours to lift)."""
+    lift, forget = [], []
+    for node_name in tainted:
+        if node_name in marked:
+            continue  # marked in this pass, after the nodes were read
+        node = obs.nodes.get(node_name)
+        if node is None or us not in node.tainted_by:
+            forget.append(node_name)
+        elif remove_out_of_service_taint(node, _our_attachments(obs, node_name), us):
+            lift.append(node_name)
+    return lift, forget
 
 
 def _decide_partitions(
@@ -358,57 +536,6 @@ def _completed(handover: Mapping[str, Any], pod: str) -> dict[str, Any]:
     return {**handover, "toPod": pod, "told": False}
 
 
-def _completion_event(p: int, last: Mapping[str, Any]) -> Event:
-    steps = last.get("steps") or {}
-    _, _, completed = handover_events(last.get("reason"))
-    return (
-        "Normal",
-        completed,
-        f"partition {p}: {last.get('toPod')} is Ready after "
-        f"{float(steps.get('ready', 0.0)):.1f}s "
-        f"({', '.join(f'{k} {float(v):.1f}s' for k, v in steps.items())})",
-    )
-
-
-def _events(p: int, d: Decision, previous: Mapping[str, Any]) -> tuple[Event, ...]:
-    """The Events a decision is told by, whatever its action's outcome: a handover
-    begun, completed or cancelled, newly Degraded, or released a new way; and a
-    completion an earlier pass recorded but did not get to tell."""
-    events: list[Event] = []
-    action = d.action
-    untold = previous.get("lastHandover") or {}
-    if untold.get("told") is False and not isinstance(action, CompleteHandover):
-        events.append(_completion_event(p, untold))
-    if isinstance(action, BeginHandover):
-        h = action.handover
-        type_, started, _ = handover_events(h.reason)
-        events.append(
-            (
-                type_,
-                started,
-                f"partition {p}: {h.reason.value}: moving from {h.from_pod or '-'} on "
-                f"{h.from_node or '-'} (epoch {h.from_epoch})",
-            )
-        )
-    elif isinstance(action, CompleteHandover):
-        events.append(_completion_event(p, _completed(action.handover.to_status(), action.pod)))
-    elif isinstance(action, CancelHandover):
-        events.append(("Normal", "FailoverCancelled", f"partition {p}: {action.why}"))
-    if d.degraded and not (previous.get("waitingFor") or "").startswith("DEGRADED"):
-        events.append(("Warning", d.degraded_reason or "Degraded", d.degraded))
-    h_now = d.handover
-    h_was = previous.get("handover") or {}
-    if (
-        h_now is not None
-        and h_now.release is not None
-        and (h_was.get("release"), h_was.get("releaseWhy"))
-        != (h_now.release.value, h_now.release_why)
-    ):
-        type_, reason = RELEASE_EVENTS[h_now.release]
-        events.append((type_, reason, f"partition {p}: {h_now.release_why}"))
-    return tuple(events)
-
-
 def _handover_status(decision: Decision) -> dict[str, Any] | None:
     return decision.handover.to_status() if decision.handover else None
 
@@ -467,26 +594,19 @@ def pipeline_status(
 ) -> dict[str, Any]:
     """The status this pass writes: the plan's partitions with their workers' counters,
     the summary conditions and phase, and the audit's last result."""
-    spec = obs.spec
-    parts = dict(plan.partitions)
-    for p, c in counters.items():
-        parts[p] = replace(parts[p], lag=c.lag, duplicates=c.duplicates)
-    for p, entry in parts.items():  # this pass has told every completion (plan.steps)
-        if entry.last_handover and entry.last_handover.get("told") is False:
-            parts[p] = replace(entry, last_handover={**entry.last_handover, "told": True})
-    entries = [parts[p] for p in range(spec.partitions)]
+    entries = _status_entries(obs, plan, counters)
     degraded = [d.degraded for d in plan.decisions().values() if d.degraded]
     if not obs.topic.ok and obs.topic.reason != "KafkaUnreachable":
         degraded.append(obs.topic.message)
     spec_current = all(
-        v.spec_hash == desired_partition.template_hash(spec, p)
-        for p in range(spec.partitions)
+        v.spec_hash == desired_partition.template_hash(obs.spec, p)
+        for p in range(obs.spec.partitions)
         for v in obs.pods.get(p, ())
         if not v.deleting
     )
     topic_condition = Condition("TopicReady", obs.topic.ok, obs.topic.reason, obs.topic.message)
     conditions = summary_conditions(
-        entries, spec.partitions, topic_condition, degraded, spec_current
+        entries, obs.spec.partitions, topic_condition, degraded, spec_current
     )
     if obs.ownership is not None and obs.ownership.condition is not None:
         conditions.append(obs.ownership.condition)  # ReshardPending, OwnershipOff
@@ -519,3 +639,371 @@ def pipeline_status(
     if last_audit:
         status["lastReconciliation"] = dict(last_audit)
     return status
+
+
+def _status_entries(
+    obs: PipelineObservation, plan: Plan, counters: Mapping[int, WorkerCounters]
+) -> list[PartitionStatus]:
+    """The plan's partitions with their workers' counters, every completion told (this
+    pass has told them: plan.steps)."""
+    parts = dict(plan.partitions)
+    for p, c in counters.items():
+        parts[p] = replace(parts[p], lag=c.lag, duplicates=c.duplicates)
+    for p, entry in parts.items():
+        if entry.last_handover and entry.last_handover.get("told") is False:
+            parts[p] = replace(entry, last_handover={**entry.last_handover, "told": True})
+    return [parts[p] for p in range(obs.spec.partitions)]
+
+
+def _has_condition(status: Mapping[str, Any], type_: str) -> bool:
+    return any(
+        c.get("type") == type_ and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+# ---------------------------------------------------------- the plan's actions
+def _worker_actions(obs: PipelineObservation, plan: Plan) -> tuple[PassAction, ...]:
+    """The workers' plan carried out: the taint finalizer and the plan's record (with
+    status.ownership before the first worker) persisted first, then each partition's
+    action with its Events, the taints joined, and our taints lifted from nodes that
+    are back; the taint finalizer goes once the pipeline relies on no taint."""
+    us = taint_mark(obs.spec.namespace, obs.spec.name)
+    actions: list[PassAction] = []
+    if plan.set_finalizer:
+        # the finalizer first: a pipeline deleted from now on lifts its marks
+        actions.append(SetFinalizer(names.FINALIZER_TAINTS, present=True))
+    if plan.record is not None:
+        # entries in it: not the ownership generation's record alone
+        actions.append(WriteHandoverRecord(plan.record, fault_point="partitions" in plan.record))
+    actions += [Tell(e) for e in plan.events]  # the pipeline's own steps, once recorded
+    for step in plan.steps:
+        if step.action is not None:
+            actions += _carried_out(step.action, step, obs, plan)
+        actions += [Tell(e) for e in step.events]
+    actions += [MarkOutOfService(n, us, events.taint_joined(n)) for n in sorted(plan.to_join)]
+    actions += [LiftOutOfService(n, us, events.taint_lifted(n)) for n in plan.lift]
+    if names.FINALIZER_TAINTS in obs.finalizers:
+        actions.append(ReleaseTaintFinalizer())
+    return tuple(actions)
+
+
+@singledispatch
+def _carried_out(
+    action: Action, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    """A partition's action as the pass's actions. Steady and CancelHandover write
+    nothing (their Events are the step's)."""
+    return ()
+
+
+@_carried_out.register
+def _create_lease(
+    action: CreateLease, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    return (EnsureObject(desired_partition.lease(obs.spec, step.partition, obs.owner)),)
+
+
+@_carried_out.register
+def _create_pod(
+    action: CreatePod, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    p = step.partition
+    pod = desired_partition.worker_pod(obs.spec, p, action.epoch, obs.owner, action.avoid_node)
+    told = events.worker_created(p, pod["metadata"]["name"], action.epoch, action.avoid_node)
+    return (CreateWorker(pod, told),)
+
+
+@_carried_out.register
+def _delete_pods(
+    action: DeletePods, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    pods = tuple((n, plan.pod_uids.get(n)) for n in action.names)
+    told = events.workers_deleted(step.partition, action.names, action.force, action.why)
+    return (DeleteWorkers(obs.spec.namespace, pods, action.force, told),)
+
+
+@_carried_out.register
+def _fence_lease(
+    action: FenceLease, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    lease = names.lease(obs.spec.name, step.partition)
+    told = events.lease_fenced(step.partition, lease, action.holder)
+    return (FenceWorkerLease(obs.spec.namespace, lease, action.resource_version, told),)
+
+
+@_carried_out.register
+def _taint(
+    action: TaintOutOfService, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    if action.node in plan.to_join:
+        return ()  # marked as joined, after the partitions
+    h = step.decision.handover
+    told = events.node_tainted(step.partition, action.node, h.release_why if h else None)
+    return (MarkOutOfService(action.node, taint_mark(obs.spec.namespace, obs.spec.name), told),)
+
+
+@_carried_out.register
+def _begin(
+    action: BeginHandover, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    reason = action.handover.reason.value
+    return (CountHandoverBegun(obs.spec.namespace, obs.spec.name, reason),)
+
+
+@_carried_out.register
+def _complete(
+    action: CompleteHandover, step: PartitionStep, obs: PipelineObservation, plan: Plan
+) -> tuple[PassAction, ...]:
+    h = action.handover
+    spec = obs.spec
+    return (
+        CountHandoverCompleted(
+            spec.namespace, spec.name, step.partition, h.reason.value, dict(h.steps)
+        ),
+    )
+
+
+def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> list[PassAction]:
+    """The pipeline's own objects (on spec changes and every ensure_s) and a volume
+    claim per partition, grown when spec.storage.size grows (from the claims as read:
+    the next pass sees those created here)."""
+    spec, owner = obs.spec, obs.owner
+    ensured = obs.recalled.ensured
+    changed = ensured is None or ensured[0] != obs.generation
+    actions: list[PassAction] = []
+    if changed or (ensured is not None and ensured[1] > settings.ensure_s):
+        actions += [EnsureObject(o) for o in pipeline_objects(spec, owner)]
+        actions.append(ReplaceRoleRules(role(spec, owner)))
+        actions.append(ReplaceDisruptionBudget(disruption_budget(spec, owner)))
+        actions += _audit_schedule(obs, cleanup=changed)
+        actions.append(RememberObjectsEnsured(obs.generation))
+    for p in range(spec.partitions):
+        claim_name = names.volume_claim(spec.name, p)
+        claim = obs.claims.get(claim_name)
+        if claim is None:
+            body = desired_partition.volume_claim(spec, p, owner)
+            actions.append(CreateVolumeClaim(body, events.volume_created(p, claim_name)))
+            continue
+        asked = (
+            ((claim.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+        )
+        if asked and quantity(asked) < quantity(spec.storage.size):
+            size = spec.storage.size
+            told = events.volume_resized(claim_name, asked, size)
+            actions.append(ResizeVolumeClaim(spec.namespace, claim_name, size, told))
+    return actions
+
+
+def _audit_schedule(obs: PipelineObservation, cleanup: bool) -> list[PassAction]:
+    """Keep the scheduled audit's objects in step with spec.reconciliation: the CronJob,
+    or the ScheduledSparkApplication when the Spark operator's CRD is installed (the
+    other one deleted, so installing the Spark operator later switches over); all of
+    them deleted when the spec has no reconciliation (checked on spec changes and at
+    start only: `cleanup`)."""
+    spec, owner = obs.spec, obs.owner
+    job = names.reconciliation_job(spec.name)
+    kinds = ("CronJob", "ScheduledSparkApplication", "RoleBinding", "Role", "ServiceAccount")
+    if spec.reconciliation is None:
+        return [DeleteAuditObject(kind, spec.namespace, job) for kind in kinds] if cleanup else []
+    actions: list[PassAction] = []
+    for obj in desired_audit.reconciliation_objects(spec, owner, obs.spark_operator):
+        if obj["kind"] not in ("CronJob", "ScheduledSparkApplication"):
+            actions.append(EnsureObject(obj))
+            continue
+        actions.append(ApplyAuditSchedule(obj))
+        other = "CronJob" if obj["kind"] != "CronJob" else "ScheduledSparkApplication"
+        if other == "CronJob" or obs.spark_operator:  # the CRD may come or go
+            actions.append(DeleteAuditObject(other, spec.namespace, job))
+    actions.append(ReplaceRoleRules(desired_audit.role(spec, owner)))
+    return actions
+
+
+def _topic_first(obs: PipelineObservation, setup: Sequence[PassAction]) -> Plan:
+    """The internal topic created (its finalizer on first: a pipeline deleted from now
+    on deletes it) after the pipeline's own objects; nothing else is decided before the
+    topic is checked as made."""
+    missing = obs.owned_topic
+    assert missing is not None
+    actions = list(setup)
+    if names.FINALIZER_OWNED_TOPIC not in obs.finalizers:
+        actions.append(SetFinalizer(names.FINALIZER_OWNED_TOPIC, present=True))
+    created = events.owned_topic_created(missing.wanted)
+    actions.append(CreateOwnedTopic(missing.query, missing.wanted, created))
+    return Plan(actions=tuple(actions), observe_again=True)
+
+
+def _topic_remembered(obs: PipelineObservation) -> tuple[PassAction, ...]:
+    if obs.topic_read is None:
+        return ()
+    return (RememberTopicCheck(obs.topic_read, obs.topic),)
+
+
+def _told_first(obs: PipelineObservation) -> tuple[PassAction, ...]:
+    """A Warning Event when ReshardPending or OwnershipOff appears (or its reason
+    changes); the switch annotation ignored, told once."""
+    state = obs.ownership
+    if state is None:
+        return ()
+    actions: list[PassAction] = []
+    c = state.condition
+    if c is not None:
+        conditions = obs.previous.get("conditions") or []
+        was = next((x for x in conditions if x.get("type") == c.type), None)
+        if was is None or was.get("reason") != c.reason or was.get("status") != "True":
+            actions.append(Tell(events.ownership_condition(c)))
+    if state.switch_ignored and not obs.recalled.switch_ignored_told:
+        told = events.switch_ignored(names.ANNOTATION_SWITCH_TO_OWNERSHIP)
+        actions += [Tell(told), RememberSwitchIgnoredTold()]
+    return tuple(actions)
+
+
+def _topic_told(obs: PipelineObservation) -> tuple[PassAction, ...]:
+    """TopicReady failing, when it starts or its reason changes: no promise can be kept
+    until it is fixed, an ERROR line."""
+    topic = obs.topic
+    conditions = obs.previous.get("conditions") or []
+    was = next((c for c in conditions if c.get("type") == "TopicReady"), None)
+    if not topic.ok and (was is None or was.get("reason") != topic.reason):
+        return (Tell(events.topic_failing(topic), error=True),)
+    return ()
+
+
+@dataclass(frozen=True)
+class _AuditPlan:
+    actions: tuple[PassAction, ...]
+    last: Mapping[str, Any] | None  # status.lastReconciliation after this pass
+    condition: Condition | None
+
+
+def _plan_audit(obs: PipelineObservation) -> _AuditPlan:
+    """status.lastReconciliation after this pass: the previous one, or the audit's newer
+    result (with its Event and metrics), plus the newest Spark operator run's state; the
+    result ConfigMap adopted by the pipeline."""
+    spec = obs.spec
+    before = obs.previous.get("lastReconciliation") or None
+    if spec.reconciliation is None:
+        return _AuditPlan((), before, None)
+    name = names.reconciliation_result(spec.name)
+    actions: list[PassAction] = []
+    text = None
+    config_map = obs.audit.config_map
+    if config_map is not None:
+        actions.append(AdoptAuditResult(spec.namespace, config_map, obs.owner.reference()))
+        text = (config_map.get("data") or {}).get(names.RECONCILIATION_SUMMARY_KEY)
+    try:
+        out = audit_result.outcome(text, name, before, obs.audit.run)
+    except audit_result.SummaryError as exc:
+        actions += _audit_unreadable(obs, f"ConfigMap {name}: {exc}")
+        out = audit_result.outcome(None, name, before, obs.audit.run)
+    else:
+        if obs.recalled.audit_unreadable is not None:
+            actions.append(RememberAuditUnreadable(None))
+    if out.event is not None and out.last is not None:
+        dup, missing = out.last["duplicates"], out.last["missing"]
+        counted = CountAuditResult(spec.namespace, spec.name, bool(out.passed), dup, missing)
+        actions += [Tell(out.event), counted]
+    last = out.last if out.last is not None else before
+    condition = audit_result.condition(last) if last and "time" in last else None
+    return _AuditPlan(tuple(actions), last, condition)
+
+
+def _audit_unreadable(obs: PipelineObservation, why: str) -> list[PassAction]:
+    """An unreadable audit summary, told once (until it changes or reads again)."""
+    if obs.recalled.audit_unreadable == why:
+        return []
+    line = events.audit_unreadable_line(obs.spec.namespace, obs.spec.name, why)
+    return [
+        Note(logging.WARNING, line),
+        Tell(events.reconciliation_unreadable(why)),
+        RememberAuditUnreadable(why),
+    ]
+
+
+def _told_by_status(obs: PipelineObservation, plan: Plan, now: datetime) -> tuple[Tell, ...]:
+    """The pipeline Running for the first time (or again), and the switch to ownership
+    completed, as the status this pass writes says (the workers' counters aside)."""
+    status = pipeline_status(
+        obs, plan, {}, plan.tainted, plan.last_audit, plan.audit_condition, now
+    )
+    previous = obs.previous
+    told = []
+    if status["phase"] == "Running" and previous.get("phase") != "Running":
+        told.append(Tell(events.pipeline_ready(obs.spec.partitions)))
+    if _has_condition(previous, OWNERSHIP_SWITCHING) and not _has_condition(
+        status, OWNERSHIP_SWITCHING
+    ):
+        told.append(Tell(events.switch_completed(obs.spec.partitions)))
+    return tuple(told)
+
+
+# ------------------------------------------------------ other kinds of passes
+def plan_invalid(seen: InvalidSpec, now: datetime) -> InvalidSpecPlan:
+    """A spec that does not parse: Failed, Ready False and Degraded True with the
+    parser's message (an Event when it is new for this generation)."""
+    previous, generation, message = seen.previous, seen.generation, seen.message
+    actions: tuple[PassAction, ...] = ()
+    if previous.get("phase") != "Failed" or previous.get("observedGeneration") != generation:
+        actions = (Tell(events.invalid_spec(message)),)
+    conditions = [
+        Condition("Ready", False, "InvalidSpec", message),
+        Condition("Degraded", True, "InvalidSpec", message),
+    ]
+    status = {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": merge_conditions(
+            previous.get("conditions") or [], conditions, generation, now
+        ),
+    }
+    return InvalidSpecPlan(actions, status)
+
+
+def plan_finalize(seen: DeletedPipeline) -> FinalizePlan:
+    """A deleted pipeline lifts its marks from the out-of-service taints it relies on
+    (and each taint with its last mark), and deletes the internal topic the operator
+    created for it once no worker can still write to it; then lets itself go (each
+    finalizer once its part is done)."""
+    namespace, name = seen.namespace, seen.name
+    actions: list[PassAction] = []
+    if names.FINALIZER_TAINTS in seen.finalizers:
+        us = taint_mark(namespace, name)
+        actions += [
+            LiftOutOfService(n, us, events.taint_lifted(n, pipeline_deleted=True))
+            for n in seen.marked_nodes
+        ]
+        actions.append(SetFinalizer(names.FINALIZER_TAINTS, present=False, guarded=False))
+    if names.FINALIZER_OWNED_TOPIC not in seen.finalizers:
+        return FinalizePlan(tuple(actions), complete=True)
+    if seen.workers:  # deleted gracefully
+        actions.append(DeleteWorkers(namespace, seen.workers, force=False, deleted=None))
+    kept = _topic_kept(seen)
+    if kept is not None:
+        return FinalizePlan((*actions, kept), complete=False)  # the next pass tries again
+    actions += [
+        DeleteOwnedTopic(
+            seen.bootstrap,
+            seen.kafka_settings or {},
+            seen.topic,
+            events.owned_topic_deleted(seen.topic),
+            events.topic_not_deleted(namespace, name, seen.topic),
+        ),
+        SetFinalizer(names.FINALIZER_OWNED_TOPIC, present=False, guarded=False),
+    ]
+    return FinalizePlan(tuple(actions), complete=True)
+
+
+def _topic_kept(seen: DeletedPipeline) -> Note | None:
+    """Why the internal topic (`names.owned_topic`: the finalizer is set only for that
+    name, never for a `kafka.ownedTopic` of the user's) is not deleted in this pass:
+    every partition Lease must have run out on the operator's clock first (a worker
+    still producing to a deleted topic could have it auto-created again with the
+    broker's defaults), and its Kafka settings must be readable."""
+    namespace, name = seen.namespace, seen.name
+    if seen.held_leases:
+        return Note(logging.INFO, events.leases_held_line(namespace, name, seen.held_leases))
+    if seen.spec_error is not None:
+        return Note(logging.ERROR, events.spec_unreadable_line(namespace, name, seen.spec_error))
+    if seen.settings_error is not None:
+        refused = events.topic_not_deleted(namespace, name, seen.topic)
+        return Note(logging.ERROR, f"{refused}: {seen.settings_error}")
+    return None

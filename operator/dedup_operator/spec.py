@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.ids import ID_SOURCES, IdSource
+from dedup_contract.kafka_settings import unreadable_setting
+from dedup_contract.window import parse_duration_ms
 from dedup_operator.failover import FailoverPolicy, ReleaseVolume
-from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import ID_SOURCES, IdSource
-from dedup_worker.window import parse_duration_ms
 
 DEFAULT_IMAGE: Final = "dedup-operator:0.1.0"
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -256,7 +256,7 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
         input_topic=str(k["inputTopic"]),
         output_topic=str(k["outputTopic"]),
         dead_letter_topic=k.get("deadLetterTopic") or None,
-        consumer_group=str(k.get("consumerGroup") or default_consumer_group(name)),
+        consumer_group=str(k.get("consumerGroup") or names.default_consumer_group(name)),
         config=_pairs(k.get("config")),
         security_ref=(
             SecretRef(str(ref["secretName"]), str(ref.get("key") or DEFAULT_SECRET_KEY))
@@ -265,6 +265,10 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
         ),
         owned_topic=str(k["ownedTopic"]) if k.get("ownedTopic") else None,
     )
+    for key, value in kafka.config:  # they reach the workers as key=value text
+        unreadable = unreadable_setting(key, value)
+        if unreadable is not None:
+            raise SpecError(f"kafka.config: {unreadable}")
     if kafka.output_topic == kafka.input_topic:
         raise SpecError("kafka.outputTopic must differ from kafka.inputTopic")
     if kafka.owned_topic is not None and kafka.owned_topic in (

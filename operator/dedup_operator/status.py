@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from dedup_contract.timefmt import format_time
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -56,10 +58,6 @@ class PartitionStatus:
         return {k: v for k, v in out.items() if v is not None}
 
 
-def rfc3339(t: datetime) -> str:
-    return t.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def merge_conditions(
     previous: Sequence[Mapping[str, Any]],
     current: Sequence[Condition],
@@ -74,7 +72,7 @@ def merge_conditions(
         since = (
             old.get("lastTransitionTime")
             if old is not None and old.get("status") == status and old.get("lastTransitionTime")
-            else rfc3339(now)
+            else format_time(now)
         )
         out.append(
             {

@@ -35,7 +35,7 @@ rest is `pending`, not yet the pipeline's to have done):
   why it was dropped); a publication from an *earlier* offset of the same input
   partition accounts for it when dated at or after its timestamp minus window and slack
   (the rule before ownership). `slack`: the worker keeps an id a little longer than its
-  duration (up to `1/generations` more, `dedup_worker.window`);
+  duration (up to `1/generations` more, `dedup_contract.window`);
 * **unverifiable**: what retention deleted before the audit could read it (`Retention`):
   in-range input offsets no longer in the input topic (one finding per partition, by
   offset span), and unaccounted occurrences whose publication may have been in deleted

@@ -5,7 +5,7 @@ offset ranges, or all) or of Parquet files (columns `partition INT, offset BIGIN
 timestamp_ms BIGINT, key BINARY, value BINARY, headers ARRAY<STRUCT<key STRING, value
 BINARY>>`), deduplicated with the semantics of the workers under ownership (`by_owner`):
 
-* each valid record goes to the worker that owns its id (`dedup_worker.ownership`,
+* each valid record goes to the worker that owns its id (`dedup_contract.ownership`,
   `owner(id) = murmur2(id) % --workers`), whatever its input partition; a record without
   a valid id stays with the worker that reads its partition (`partition % workers`);
 * each worker's records are met as a worker meets its sources: every input partition's
@@ -14,11 +14,11 @@ BINARY>>`), deduplicated with the semantics of the workers under ownership (`by_
   this per-partition order is the same);
 * they are cut into batches of `--batch-size` (default 1) and each batch decided as the
   worker decides one
-  (`dedup_worker.batch.triage`, imported): a record without a valid id becomes a dead
+  (`dedup_contract.batch.triage`, imported): a record without a valid id becomes a dead
   letter with the worker's reason and headers; a repeat inside the batch is dropped;
   an id the window holds is dropped; the rest is published;
-* the window is the worker's own (`dedup_worker.window.WindowState`, the rules of
-  `dedup_worker.window`, kept as the store keeps them): after each batch, the new ids
+* the window is the worker's own (`dedup_contract.window.WindowState`, the rules of
+  `dedup_contract.window`, kept as the store keeps them): after each batch, the new ids
   are recorded at the newest timestamp seen so far (generations between W and
   1.25 W) and expired, oldest generation first, by duration and by `--window-max-keys`;
 * a published record keeps its key, value, headers and timestamp, gains the `dedup.id`
@@ -42,7 +42,7 @@ rerun it into a fresh topic), or to Parquet files (`--output-dir`, `published/` 
 
 `dedup-backfill warm-store` writes the ids an output partition published within the
 window into a fresh store in the worker's on-disk format, through
-`dedup_worker.store.Store` (the one writer of that format), with the output offset at
+`dedup_contract.store.Store` (the one writer of that format), with the output offset at
 the partition's end: a worker started on it recovers nothing from the output topic and
 still drops repeats of those ids. `--commit-input-offsets` (of `run`) sets the
 pipeline's consumer group to the end of the replayed range, so the worker resumes after
@@ -65,14 +65,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
+from dedup_contract.batch import Headers, Record, dead_letter_headers, triage
+from dedup_contract.ids import ID_HEADER, ID_SOURCES, IdSpec, InvalidRecord, extract_id, id_key
+from dedup_contract.logs import configure
+from dedup_contract.names import default_consumer_group
+from dedup_contract.ownership import owner
+from dedup_contract.store import Store, StoreConfig, StoreError, StoreOwner
+from dedup_contract.window import WindowPolicy, WindowState
 from dedup_spark.source import KafkaSource, SourceError, parse_settings, read_topic, with_header
-from dedup_worker.batch import Headers, Record, dead_letter_headers, triage
-from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import ID_HEADER, ID_SOURCES, IdSpec, InvalidRecord, extract_id, id_key
-from dedup_worker.logs import configure
-from dedup_worker.ownership import owner
-from dedup_worker.store import Store, StoreConfig, StoreError, StoreOwner
-from dedup_worker.window import WindowPolicy, WindowState
 
 if TYPE_CHECKING:
     import pyarrow as pa

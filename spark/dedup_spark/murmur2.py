@@ -4,7 +4,7 @@
 
 The audit checks that every publication is on its owner's output partition, so it must
 not trust the function it checks: this is written independently of the worker's
-`dedup_worker.ownership` (which runs in C), from Kafka's `Utils.murmur2` (32-bit
+`dedup_contract.ownership` (which runs in C), from Kafka's `Utils.murmur2` (32-bit
 MurmurHash2, seed 0x9747b28c, little-endian 4-byte blocks). It runs as numpy operations
 over a whole column: one pass per 4-byte block of the longest id, each over every id
 that long, so its cost per id is a few array operations, not a Python loop.

@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import urlparse
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
+from dedup_contract.ids import ID_SOURCES, IdSpec
+from dedup_contract.logs import configure
+from dedup_contract.names import default_consumer_group
+from dedup_contract.timefmt import format_micro_time, parse_rfc3339
+from dedup_contract.window import parse_duration_ms
 from dedup_spark import audit
 from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
@@ -54,11 +60,6 @@ from dedup_spark.source import (
     unpack,
     with_header,
 )
-from dedup_worker.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
-from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import ID_SOURCES, IdSpec
-from dedup_worker.logs import configure
-from dedup_worker.window import parse_duration_ms
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -451,13 +452,13 @@ def summarize(
         "pipeline": job.pipeline,
         "namespace": job.namespace,
         "runId": job.run_id,
-        "startedAt": _rfc3339(started),
-        "finishedAt": _rfc3339(finished),
+        "startedAt": format_micro_time(started),
+        "finishedAt": format_micro_time(finished),
         "passed": audit.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
         "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
         "range": {
-            "from": None if rng.from_ms is None else _rfc3339(_from_ms(rng.from_ms)),
-            "to": None if rng.to_ms is None else _rfc3339(_from_ms(rng.to_ms)),
+            "from": None if rng.from_ms is None else format_micro_time(_from_ms(rng.from_ms)),
+            "to": None if rng.to_ms is None else format_micro_time(_from_ms(rng.to_ms)),
             "offsets": None
             if rng.offsets is None
             else {str(p): list(b) for p, b in sorted(rng.offsets.items())},
@@ -714,10 +715,10 @@ def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    from dedup_operator.kube import api_client
+    from dedup_contract.kube_client import api_client
 
     try:
-        api = api_client(job.kubeconfig)
+        api = api_client(job.kubeconfig or None)
     except Exception as exc:  # the kubernetes package raises its own ConfigException
         raise JobError(f"cannot configure the API client: {exc}") from None
     core = client.CoreV1Api(api)
@@ -922,21 +923,11 @@ def parse_offsets(text: str) -> dict[int, tuple[int, int]]:
 
 
 def _parse_time(text: str) -> int:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"not an RFC 3339 time: {text!r}") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"time {text!r} has no zone (add Z)")
-    return int(moment.timestamp() * 1000)
+    return int(parse_rfc3339(text).timestamp() * 1000)
 
 
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _session(args: argparse.Namespace, app_name: str) -> SparkSession:

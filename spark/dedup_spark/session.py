@@ -13,9 +13,9 @@ Environment of a driver pod (set by the operator's CronJob from the downward API
 (`KUBERNETES_SERVICE_HOST`/`_PORT`, service-account token and CA).
 
 The Kafka connector jars go on `spark.jars` (the driver serves them to executors):
-from the directory `DEDUP_SPARK_JARS` (the image's), else the local cache that
-`make setup-spark` fills. `local[N]` sessions are built by `local_session` (the image
-runs them too, so it needs nothing of the checkout's harness).
+from the directory `DEDUP_SPARK_JARS` names (the image sets it; in a checkout the local
+harness sets it to the cache that `make setup-spark` fills, `dedup_local.spark`).
+`local[N]` sessions are built by `local_session`.
 """
 
 from __future__ import annotations
@@ -30,26 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from dedup_contract.driver_pod import POD_FIELDS
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-POD_FIELDS: Final = {
-    "DEDUP_POD_IP": "status.podIP",
-    "DEDUP_POD_NAME": "metadata.name",
-    "DEDUP_NAMESPACE": "metadata.namespace",
-}
-"""A driver pod's identity: env name -> the downward-API field that sets it."""
-
-
-def pod_identity_env() -> list[dict[str, object]]:
-    """The env entries (fieldRefs) a driver pod's container carries."""
-    return [
-        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-        for name, path in POD_FIELDS.items()
-    ]
-
-
 JARS_ENV: Final = "DEDUP_SPARK_JARS"
 
 
@@ -145,25 +131,19 @@ def _pod_prefix(driver_pod: str) -> str:
 
 
 def kafka_jars(env: Mapping[str, str]) -> list[Path]:
-    """The Kafka connector jars: `DEDUP_SPARK_JARS` (a directory; the image sets it), else,
-    in a checkout, the local cache that `make setup-spark` fills."""
+    """The Kafka connector jars: the directory `DEDUP_SPARK_JARS` names (the image sets
+    it; in a checkout, the local harness points it at the cache `make setup-spark`
+    fills)."""
     directory = env.get(JARS_ENV)
-    if directory:
-        jars = sorted(Path(directory).glob("*.jar"))
-        if not any(j.name.startswith("spark-sql-kafka") for j in jars):
-            raise SessionError(f"{JARS_ENV}={directory} holds no spark-sql-kafka jar")
-        return jars
-    try:
-        from dedup_local.paths import MissingArtifact
-        from dedup_local.spark import spark_kafka_jars
-    except ImportError:  # installed without the checkout's harness, outside the image
+    if not directory:
         raise SessionError(
-            f"{JARS_ENV} is not set: name the directory of Spark's Kafka source jars"
-        ) from None
-    try:
-        return spark_kafka_jars()
-    except MissingArtifact as exc:
-        raise SessionError(str(exc)) from None
+            f"{JARS_ENV} is not set: name the directory of Spark's Kafka source jars (the "
+            "image sets it; in a checkout the local harness sets it after make setup-spark)"
+        )
+    jars = sorted(Path(directory).glob("*.jar"))
+    if not any(j.name.startswith("spark-sql-kafka") for j in jars):
+        raise SessionError(f"{JARS_ENV}={directory} holds no spark-sql-kafka jar")
+    return jars
 
 
 JVM_OPTIONS: Final = "-XX:+UseParallelGC"

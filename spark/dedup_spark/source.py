@@ -4,7 +4,7 @@
 committed (aborted transactions and markers are skipped), headers included, and a
 short `kafkaConsumer.pollTimeoutMs` (Spark's default of 120 s is what a batch of only
 transaction markers can wait). `with_ids` adds the id and the dead-letter reason of each
-record by calling `dedup_worker.ids.extract_id` in a `mapInArrow` UDF: the worker's own
+record by calling `dedup_contract.ids.extract_id` in a `mapInArrow` UDF: the worker's own
 rules, imported, never re-implemented in SQL; and a digest of the record's key, value and
 headers (`content_digest`, computed by the JVM as it reads), so the audit compares an
 output record's contents with its input occurrence's without moving the values. `packed_ids` does the same and packs the
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from dedup_worker.ids import (
+from dedup_contract.ids import (
     ID_HEADER,
     IdSpec,
     InvalidRecord,
@@ -26,6 +26,7 @@ from dedup_worker.ids import (
     plain_json_id,
     plain_json_ids,
 )
+from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,14 +97,12 @@ def _jaas_quote(text: str) -> str:
 
 
 def parse_settings(text: str) -> dict[str, str]:
-    """`key=value[,key=value]`, the worker's `--kafka-config` format."""
-    settings: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise SourceError(f"Kafka setting {item!r} is not key=value")
-        settings[name.strip()] = value.strip()
-    return settings
+    """`key=value[,key=value]`, the worker's `--kafka-config` format, read by the one
+    parser (`dedup_contract.kafka_settings`); a malformed entry is a SourceError."""
+    try:
+        return parse_kafka_settings(text)
+    except KafkaSettingsError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def read_topic(

@@ -23,16 +23,16 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from dedup_contract.batch import DLQ_OFFSET, DLQ_REASON
+from dedup_contract.ids import IdSpec
+from dedup_contract.names import default_consumer_group
+from dedup_contract.ownership import owner_reference
+from dedup_contract.store import StoreOwner
+from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker
 from dedup_spark import backfill
 from dedup_spark.source import KafkaSource
-from dedup_worker.batch import DLQ_OFFSET, DLQ_REASON
-from dedup_worker.config import default_consumer_group
-from dedup_worker.ids import IdSpec
 from dedup_worker.loop import DedupWorker
-from dedup_worker.ownership import owner_reference
-from dedup_worker.store import StoreOwner
-from dedup_worker.window import WindowPolicy
 from support.worker_helpers import (
     event,
     output_ids,

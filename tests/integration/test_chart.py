@@ -15,9 +15,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from dedup_contract import names
 from dedup_local.chart import CHART, INSTALL_YAML, helm, install_yaml, template
 from dedup_local.paths import free_port
-from dedup_operator import names
 
 pytestmark = pytest.mark.integration
 

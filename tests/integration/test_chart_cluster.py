@@ -19,8 +19,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract import names
 from dedup_local.chart import CHART, template
-from dedup_operator import names
 from support import rbac_check
 from support.chart_rbac import CLUSTER, DENIED_EVERYWHERE, NAMESPACED
 from support.kube_fixtures import KubeCluster, KubeNamespace

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm, template
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import unhealthy
-from dedup_operator import names
 from support import rbac_check
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
-from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.pipeline_traffic import lose_a_node_during_traffic, topics

@@ -27,11 +27,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dedup_contract import names
+from dedup_contract.ownership import owner_reference
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kube import ControlPlane
-from dedup_operator import ctl, names
-from dedup_worker.ownership import owner_reference
+from dedup_operator import ctl
 from support.cluster_fixtures import ClusterNamespace, _namespace
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems
-from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import dedupctl, events, get_pipeline, running_operator, wait_for

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from dedup_contract.names import RUN_AS_USER
 from dedup_local.image import DEV_TAG, ensure_image, podman, podman_env
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import free_port
 from dedup_operator.desired.audit import APPLICATION_FILE
-from dedup_operator.names import RUN_AS_USER
 from support.worker_helpers import event, output_ids, produce, read_committed, unique
 
 pytestmark = pytest.mark.integration

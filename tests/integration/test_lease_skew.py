@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dedup_contract.exit_codes import EXIT_FENCED
+from dedup_contract.lease_clock import SKEW_ENV, LeaseClock
 from dedup_operator.failover import (
     FailoverPolicy,
     NodeView,
@@ -36,9 +38,7 @@ from dedup_operator.failover import (
     partition_action,
 )
 from dedup_operator.observed import lease_view
-from dedup_worker.cli import EXIT_FENCED
 from dedup_worker.config import LeaseSettings, WorkerConfig
-from dedup_worker.lease_clock import SKEW_ENV, LeaseClock
 from support.fencing_helpers import (
     Streams,
     committed_input,

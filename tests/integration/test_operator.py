@@ -16,10 +16,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
 from dedup_local.operator_process import OperatorProcess
 from dedup_local.pod_health import error_line
-from dedup_operator import names
 from support import pipelines
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace

@@ -22,10 +22,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiClient
 
+from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
-from dedup_operator import names
 from dedup_operator.kube import Kube
-from dedup_operator.reconcile import ReconcileSettings, reconcile
+from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.reconcile import reconcile
+from dedup_operator.settings import ReconcileSettings
 from support import pipelines
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
@@ -128,6 +130,7 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
     )
     # the topic and per-pipeline objects checked once, not inside the measured passes
     settings = ReconcileSettings(topic_check_s=3600.0, ensure_s=3600.0)
+    memory, lease_watch = PipelineMemory(), LeaseWatch()  # one operator process's
 
     def passes(kube_client: Kube) -> Callable[[], None]:
         def run() -> None:
@@ -138,6 +141,8 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
                     "events",
                     lambda _body: lambda *_event, **_kw: None,
                     settings,
+                    memory,
+                    lease_watch,
                 )
 
         return run
@@ -202,9 +207,10 @@ def test_a_standby_watches_the_leases_so_a_new_leader_judges_them_with_history(
         },
     )
     standby = Kube(kube.api_client)
-    passes.watch_leases(standby, ns, "events")  # first sight
+    watch = LeaseWatch()  # the standby process's
+    passes.watch_leases(standby, ns, "events", watch)  # first sight
     time.sleep(2.0)
-    passes.watch_leases(standby, ns, "events")
+    passes.watch_leases(standby, ns, "events", watch)
     lease = standby.leases(ns, "events")["events-p0"]
-    seen = lease_view(lease, passes._lease_clock).unchanged_for
+    seen = lease_view(lease, watch.lease_clock).unchanged_for
     assert seen >= timedelta(seconds=2), seen

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dedup_contract import names
+from dedup_contract.names import default_consumer_group
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, committed_offsets
-from dedup_operator import names
-from dedup_worker.config import default_consumer_group
 from support.cluster_fixtures import running_cluster
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems, unhealthy
-from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
-from dedup_operator import names
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 from dedup_operator.kube import Kube
 from support.kafka_fixtures import NewTopic
@@ -121,7 +121,7 @@ def _fail_over(
         assert all(steps[a] <= steps[b] for a, b in itertools.pairwise(order)), steps
 
         # the fake worker (as a real one) sees the old hold unchanged for a full duration on
-        # its own clock before it takes the Lease (dedup_worker.lease_clock)
+        # its own clock before it takes the Lease (dedup_contract.lease_clock)
         def taken() -> Any:
             lease = client.CoordinationV1Api(api).read_namespaced_lease("events-p0", ns.name)
             return lease if lease.spec.holder_identity == "events-p0-e2" else None

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local import kafka as local_kafka
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems, unhealthy
-from dedup_operator import names
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import condition, get_pipeline, running_operator, wait_for

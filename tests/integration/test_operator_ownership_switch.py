@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
+from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, produce_all
-from dedup_operator import ctl, names
+from dedup_operator import ctl
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for

@@ -27,10 +27,11 @@ from confluent_kafka import Producer
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import ExecutorWatch
-from dedup_operator import ctl, names
+from dedup_operator import ctl
 from dedup_operator.desired import audit as desired_audit
 from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
 from support.cluster_fixtures import ClusterNamespace

@@ -28,8 +28,8 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
+from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
-from dedup_operator import names
 from dedup_operator.kube import Conflict, Kube
 from dedup_operator.leader import LEASE_NAME
 from support.kafka_fixtures import NewTopic

@@ -28,13 +28,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kubernetes.client import CoreV1Api
 from pyspark.sql import SparkSession
 
+from dedup_contract.ids import ID_HEADER, IdSpec
+from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker
 from dedup_spark import reconcile
 from dedup_spark.audit import AuditRange
 from dedup_spark.source import KafkaSource
-from dedup_worker.ids import ID_HEADER, IdSpec
 from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DedupWorker
-from dedup_worker.ownership import owner_reference
 from support.kube_fixtures import KubeNamespace
 from support.worker_helpers import event, produce, run_until_consumed, unique, worker_config
 

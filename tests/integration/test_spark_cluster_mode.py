@@ -24,10 +24,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pipelines import pipeline_body
 from dedup_local.spark_pods import PROJECT_IMAGE, ExecutorWatch
-from dedup_operator import names
 from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired.owner import Owner
 from dedup_operator.spec import PipelineSpec

@@ -11,9 +11,9 @@ import json
 import pytest
 from kubernetes import client
 
+from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import PROJECT_IMAGE, driver_pod, grant_driver, run_driver
-from dedup_worker.ownership import owner_reference
 from support.cluster_fixtures import ClusterNamespace
 from support.worker_helpers import event, produce, unique
 

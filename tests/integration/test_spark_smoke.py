@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
+from dedup_contract.ids import ID_HEADER
 from dedup_local.kafka import KafkaBroker
 from dedup_spark.placement import slot_keys, spark_hash_int
 from dedup_spark.source import KafkaSource, content_digest, read_topic
-from dedup_worker.ids import ID_HEADER
 from support.kafka_fixtures import NewTopic
 
 pytestmark = pytest.mark.integration

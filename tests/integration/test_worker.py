@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from dedup_contract.window import WindowPolicy
 from dedup_local.paths import free_port
 from dedup_worker.fencing import Fenced
 from dedup_worker.loop import DLQ_OFFSET, DLQ_REASON, DedupWorker
-from dedup_worker.window import WindowPolicy
 from support.worker_helpers import (
     drain,
     event,

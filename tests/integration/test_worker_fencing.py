@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from dedup_contract.exit_codes import EXIT_FENCED
 from dedup_local.paths import free_port
-from dedup_worker.cli import EXIT_FENCED
 from support.fencing_helpers import (
     Streams,
     fenced_lines,

@@ -20,12 +20,15 @@ import pytest
 import yaml
 from kubernetes import client
 
+from dedup_contract.exit_codes import EXIT_FENCED
+from dedup_contract.lease_clock import LeaseTiming
+from dedup_contract.timefmt import format_micro_time
 from dedup_local.cluster.proxy import ApiProxy
 from dedup_local.paths import free_port
-from dedup_worker.cli import EXIT_FENCED, main
+from dedup_worker.cli import main
 from dedup_worker.config import LeaseSettings, WorkerConfig
-from dedup_worker.fencing import Fenced, LeaseToken, _micro_time
-from dedup_worker.lease import Claim, LeaseTiming
+from dedup_worker.fencing import Fenced, LeaseToken
+from dedup_worker.lease import Claim
 from support.fencing_helpers import (
     Streams,
     fenced_lines,
@@ -93,7 +96,7 @@ def create_lease(
     if holder:
         spec["holderIdentity"] = holder
     if renewed:
-        spec["renewTime"] = spec["acquireTime"] = _micro_time(renewed)
+        spec["renewTime"] = spec["acquireTime"] = format_micro_time(renewed)
     body = {"metadata": {"name": name, "labels": {"app": "dedup-test"}}, "spec": spec}
     return leases.create_namespaced_lease(ns, body)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from dedup_worker.cli import EXIT_KAFKA, EXIT_STOPPED_ON_INPUT, EXIT_STORE
+from dedup_contract.exit_codes import EXIT_KAFKA, EXIT_STOPPED_ON_INPUT, EXIT_STORE
+from dedup_contract.store import Store, StoreOwner
 from dedup_worker.config import WorkerConfig
-from dedup_worker.store import Store, StoreOwner
 from support.fencing_helpers import log_records, tail, wait_committed, wait_exit
 from support.worker_helpers import event, output_ids, produce, start_worker, unique, worker_config
 

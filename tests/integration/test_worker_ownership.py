@@ -25,10 +25,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from dedup_contract.ids import ID_HEADER
 from dedup_local import kafka as local_kafka
 from dedup_local.pod_health import error_line
 from dedup_worker.cli import arguments
-from dedup_worker.ids import ID_HEADER
 from dedup_worker.routing import FORWARD_ORIGIN, forward_headers
 from support.ownership_pipeline import (
     WORKERS,

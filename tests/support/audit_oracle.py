@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from dedup_contract.ownership import owner_reference
 from dedup_spark.audit import (
     CONTENT_MISMATCH,
     DUPLICATE,
@@ -40,7 +41,6 @@ from dedup_spark.audit import (
     OutputRecord,
     Retention,
 )
-from dedup_worker.ownership import owner_reference
 
 
 def _in_range(audit_range: AuditRange, partition: int, offset: int, timestamp_ms: int) -> bool:

@@ -15,11 +15,11 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract import names
 from dedup_local.operator_process import OperatorProcess as OperatorProcess
 from dedup_local.operator_process import free_port as free_port
 from dedup_local.operator_process import operator_command as operator_command
 from dedup_local.operator_process import running_operator as running_operator
-from dedup_operator import names
 
 T = TypeVar("T")
 

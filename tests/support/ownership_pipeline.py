@@ -25,11 +25,11 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
+from dedup_contract.ids import ID_HEADER
 from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
 from dedup_local.pod_health import log_problems
 from dedup_worker.config import WorkerConfig
-from dedup_worker.ids import ID_HEADER
 from support.worker_helpers import start_worker, unique, worker_config
 
 WORKERS = 2

@@ -19,12 +19,12 @@ from typing import Any
 from confluent_kafka import Producer
 from kubernetes import client
 
+from dedup_contract import names
+from dedup_contract.ownership import owner_reference
+from dedup_contract.timefmt import parse_time
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kafka import produce_all as kafka_produce_all
-from dedup_operator import names
-from dedup_operator.observed import parse_time
-from dedup_worker.ownership import owner_reference
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (
     condition,

@@ -19,16 +19,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dedup_operator import names
-from dedup_operator.observed import format_micro_time, parse_time
-from dedup_worker import lease_clock
+from dedup_contract import lease_clock, names
+from dedup_contract.timefmt import format_micro_time, format_time, parse_time
 from support.operator_helpers import get_pipeline
 
 LEASE_S = 3
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 class Kubelets:
@@ -149,7 +148,7 @@ class Kubelets:
             self._hold_lease(pod)
 
     def _hold_lease(self, pod: Any) -> None:
-        """The worker's rule (CONTRACTS.md, `dedup_worker.lease_clock`): take the Lease iff
+        """The worker's rule (CONTRACTS.md, `dedup_contract.lease_clock`): take the Lease iff
         it is ours, or free or seen unchanged for its duration with leaseTransitions < our
         epoch; then renew it."""
         labels = pod.metadata.labels

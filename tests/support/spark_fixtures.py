@@ -4,6 +4,10 @@
 source on spark.jars), started on first use and stopped at the end. When the Kafka
 source jars are missing the fixture fails with the setup command to run
 (`make setup-spark`); it never skips.
+
+Loading this plugin points `DEDUP_SPARK_JARS` at the cached jars (as the image's ENV
+does), for the sessions the tests start and the jobs (`dedup-reconcile`,
+`dedup-backfill`) they run as processes.
 """
 
 from __future__ import annotations
@@ -14,8 +18,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dedup_local.paths import MissingArtifact
+from dedup_local.spark import spark_kafka_jars, use_cached_kafka_jars
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+use_cached_kafka_jars()
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +34,9 @@ def spark() -> Iterator[SparkSession]:
     from dedup_spark.session import SessionError, SparkSettings, spark_session
 
     try:  # the jobs' own session settings (dedup_spark.session.JOB_CONF)
+        spark_kafka_jars()  # missing: the setup command to run
         session = spark_session("dedup-tests", SparkSettings("local[2]"))
-    except SessionError as exc:
+    except (MissingArtifact, SessionError) as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         yield session

@@ -15,12 +15,12 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
+from dedup_contract.ids import ID_HEADER
+from dedup_contract.window import WindowPolicy
 from dedup_local import kafka
 from dedup_local import worker as local_worker
 from dedup_worker.config import WorkerConfig
-from dedup_worker.ids import ID_HEADER
 from dedup_worker.loop import DedupWorker
-from dedup_worker.window import WindowPolicy
 
 _names = itertools.count()
 

@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from dedup_contract.ownership import murmur2_reference
 from dedup_spark.audit import (
     AuditRange,
     DeadLetter,
@@ -19,7 +20,6 @@ from dedup_spark.audit import (
     passed,
 )
 from dedup_spark.murmur2 import murmur2, owners
-from dedup_worker.ownership import murmur2_reference
 from support.audit_oracle import reference_records
 
 W = 1_000  # window, ms

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from dedup_contract.batch import DLQ_REASON, dead_letter_headers
+from dedup_contract.ids import ID_HEADER, IdSpec, id_key
+from dedup_contract.store import Store, StoreConfig, StoreOwner
+from dedup_contract.window import WindowPolicy, WindowState
 from dedup_spark.backfill import Published, SourceRecord, first_occurrences
-from dedup_worker.batch import DLQ_REASON, dead_letter_headers
-from dedup_worker.ids import ID_HEADER, IdSpec, id_key
-from dedup_worker.store import Store, StoreConfig, StoreOwner
-from dedup_worker.window import WindowPolicy, WindowState
 
 SPEC = IdSpec("jsonField", "messageId")
 
@@ -120,8 +120,8 @@ def test_dead_letter_headers_say_why_and_where_from() -> None:
 def test_each_id_is_decided_by_its_owner_whatever_its_input_partition() -> None:
     """An id on two input partitions is published once, by its owner, to its partition;
     a record without an id is dead-lettered by the worker that reads its partition."""
+    from dedup_contract.ownership import owner_reference
     from dedup_spark.backfill import by_owner
-    from dedup_worker.ownership import owner_reference
 
     workers = 3
     records = [

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from dedup_worker.batch import Record, select_new, triage
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id, id_key
+from dedup_contract.batch import Record, select_new, triage
+from dedup_contract.ids import IdSpec, InvalidRecord, extract_id, id_key
 
 
 def rec(offset: int, value: bytes | None, key: bytes | None = None) -> Record:

@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError
 
-from dedup_worker.broker_logs import (
+from dedup_contract.broker_logs import (
     BROKERS_DOWN_GRACE_MS,
     BrokersDown,
     ConnectionLog,

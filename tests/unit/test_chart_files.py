@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from dedup_operator import names
+from dedup_contract import names
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dedup-operator"

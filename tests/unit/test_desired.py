@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.partition import (
     lease,

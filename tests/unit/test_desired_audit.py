@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.desired import audit as rec
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.partition import worker_pod

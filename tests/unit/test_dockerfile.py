@@ -69,7 +69,7 @@ def test_base_images_are_build_arguments_defaulting_to_pinned_releases() -> None
 
 
 def test_the_image_user_is_the_pods_user() -> None:
-    from dedup_operator.names import RUN_AS_USER
+    from dedup_contract.names import RUN_AS_USER
 
     users = [rest for word, rest in instructions() if word == "USER"]
     assert users[-1] == f"{RUN_AS_USER}:{RUN_AS_USER}"

@@ -607,8 +607,8 @@ def test_full_disruption_starts_no_node_loss_handover() -> None:
 
 def test_a_restarted_operator_waits_a_full_duration_before_fencing() -> None:
     """No history after a restart: every held Lease is fresh at first sight."""
+    from dedup_contract.lease_clock import LeaseClock
     from dedup_operator.observed import lease_view
-    from dedup_worker.lease_clock import LeaseClock
 
     raw = {
         "metadata": {"namespace": "ns", "name": "events-p0", "resourceVersion": "7"},
@@ -631,8 +631,9 @@ def test_a_restarted_operator_waits_a_full_duration_before_fencing() -> None:
 def test_skewed_renew_time_makes_no_difference(skew_s: int) -> None:
     """A healthy worker whose clock is 30 s behind (renewTime looks old) or ahead is never
     taken for fenced while it renews: only changes seen on the operator's clock count."""
-    from dedup_operator.observed import format_micro_time, lease_view
-    from dedup_worker.lease_clock import LeaseClock
+    from dedup_contract.lease_clock import LeaseClock
+    from dedup_contract.timefmt import format_micro_time
+    from dedup_operator.observed import lease_view
 
     t = [0.0]
     clock = LeaseClock(monotonic=lambda: t[0])

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from dedup_contract.window import WindowPolicy
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import Fenced
 from dedup_worker.lease import Hold
 from dedup_worker.loop import LIBRDKAFKA_LOG, DedupWorker
-from dedup_worker.window import WindowPolicy
 
 
 class Lapsed:

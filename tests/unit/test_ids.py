@@ -1,4 +1,4 @@
-"""Id extraction and hashing: the rules every part imports from dedup_worker.ids."""
+"""Id extraction and hashing: the rules every part imports from dedup_contract.ids."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from dedup_worker import ids
-from dedup_worker.ids import (
+from dedup_contract import ids
+from dedup_contract.ids import (
     ID_HEADER,
     MAX_ID_BYTES,
     REASONS,

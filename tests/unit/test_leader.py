@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dedup_operator.leader import POD_NAME_ENV, LeaseState, leader_identity, may_take
+from dedup_contract.lease_clock import LeaseTiming
+from dedup_operator.leader import (
+    POD_NAME_ENV,
+    LeaderElection,
+    LeaseState,
+    leader_identity,
+    may_take,
+)
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -47,3 +54,13 @@ def test_identities_differ_for_the_same_host_name_and_pid(monkeypatch: pytest.Mo
     c = leader_identity()
     assert c.startswith("dedup-operator-5f7c9-abcde-") and c not in (a, b)
     assert leader_identity("given").startswith("given-")
+
+
+def test_the_leader_renews_and_holds_by_the_holders_one_timing() -> None:
+    """Renew every third of the duration, lead until two thirds after the last good renew
+    was sent: the workers' timing (`lease_clock.LeaseTiming`), not a copy of it."""
+    from kubernetes import client
+
+    election = LeaderElection(client.ApiClient(), "ns", "me", duration_s=15)
+    assert election.timing == LeaseTiming.for_duration(15)
+    assert (election.timing.renew_every_s, election.timing.held_until(100.0)) == (5.0, 110.0)

@@ -1,5 +1,5 @@
 """The partition Lease's rules (dedup_worker.lease): who may take it, when the holder
-still holds it, and what it writes. Expiry is `dedup_worker.lease_clock`'s rule: seen
+still holds it, and what it writes. Expiry is `dedup_contract.lease_clock`'s rule: seen
 unchanged for a duration on the reader's monotonic clock (`unchanged_for_s` below);
 renewTime is only ever compared with acquireTime, written by the same clock."""
 
@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dedup_contract.lease_clock import LeaseTiming
 from dedup_worker.lease import (
     Acquire,
     Claim,
     LeaseRecord,
-    LeaseTiming,
     Superseded,
     Wait,
     decide,

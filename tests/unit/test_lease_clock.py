@@ -1,4 +1,4 @@
-"""The one Lease expiry rule (dedup_worker.lease_clock): run out only after a full
+"""The one Lease expiry rule (dedup_contract.lease_clock): run out only after a full
 duration seen unchanged on the reader's own monotonic clock; released by its holder when
 renewTime is a duration before acquireTime (one clock); never a comparison of two
 machines' wall clocks."""
@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dedup_worker import lease_clock
-from dedup_worker.lease_clock import ContinuousView, LeaseClock, LeaseStamp
+from dedup_contract import lease_clock
+from dedup_contract.lease_clock import ContinuousView, LeaseClock, LeaseStamp
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

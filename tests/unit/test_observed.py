@@ -6,19 +6,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dedup_contract.lease_clock import LeaseClock
+from dedup_contract.timefmt import format_micro_time, parse_time
 from dedup_operator.failover import LeaseView
 from dedup_operator.observed import (
     attachments_of,
-    format_micro_time,
     lease_view,
     node_pod,
     node_view,
-    parse_time,
     pod_view,
     tolerates_out_of_service,
     worker_lease_name,
 )
-from dedup_worker.lease_clock import LeaseClock
 
 
 def test_node_view_reads_ready_condition_and_out_of_service_taint() -> None:

@@ -15,7 +15,9 @@ from kubernetes.client.exceptions import ApiException
 from dedup_operator import metrics
 from dedup_operator import reconcile as reconcile_module
 from dedup_operator.kube import Conflict, Kube, NotLeader
-from dedup_operator.reconcile import ReconcileSettings, reconcile
+from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.reconcile import reconcile
+from dedup_operator.settings import ReconcileSettings
 
 
 class FakeCustom:
@@ -123,10 +125,18 @@ def test_a_pass_meeting_a_conflict_or_lost_leadership_is_abandoned(
     def stale(*args: Any) -> dict[str, Any]:
         raise raised
 
-    monkeypatch.setattr(reconcile_module, "_reconcile", stale)
+    monkeypatch.setattr(reconcile_module, "_pass", stale)
     counter = metrics.RECONCILES.labels("ns", "events", result)
     before = counter._value.get()
-    assert (
-        reconcile(kube, "ns", "events", lambda body: lambda *a: None, ReconcileSettings()) is None
+    outcome = reconcile(
+        kube,
+        "ns",
+        "events",
+        lambda body: lambda *a: None,
+        ReconcileSettings(),
+        PipelineMemory(),
+        LeaseWatch(),
     )
+    assert outcome.result == result and outcome.status is None  # abandoned: nothing written
+    assert outcome.pipeline == ("ns", "events")
     assert counter._value.get() == before + 1

@@ -1,5 +1,5 @@
-"""The owner of an id: Kafka's murmur2 in C (dedup_worker._murmur2) against the Python
-reference (dedup_worker.ownership.murmur2_reference), on Kafka's and librdkafka's own
+"""The owner of an id: Kafka's murmur2 in C (dedup_contract._murmur2) against the Python
+reference (dedup_contract.ownership.murmur2_reference), on Kafka's and librdkafka's own
 vectors and on random bytes of every length up to 300."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dedup_worker.ownership import (
+from dedup_contract.ownership import (
     murmur2,
     murmur2_reference,
     owner,

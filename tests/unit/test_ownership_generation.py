@@ -12,7 +12,7 @@ from typing import Any
 from test_plan import NOW, observation
 from test_plan import spec as plan_spec
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.failover import CreatePod, LeaseView
 from dedup_operator.ownership import OWNERSHIP_OFF, RESHARD_PENDING, decide, ran_before
 from dedup_operator.plan import pipeline_status, plan_pass

@@ -13,7 +13,7 @@ from typing import Any
 
 from test_plan import NOW, lease, node, observation, spec, worker
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.desired.partition import template_hash, worker_env
 from dedup_operator.failover import (
     BeginHandover,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from dedup_contract.ids import IdSpec, InvalidRecord, extract_id
 from dedup_spark.source import extract_ids, ids_schema, pack_batch, unpack
-from dedup_worker.ids import IdSpec, InvalidRecord, extract_id
 
 
 def batch(partitions: list[int | None]) -> pa.RecordBatch:

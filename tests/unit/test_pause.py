@@ -17,20 +17,20 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
+from dedup_contract.lease_clock import LeaseTiming
+from dedup_contract.window import WindowPolicy
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import Fenced, LeaseToken
 from dedup_worker.lease import (
     Claim,
     Hold,
     LeaseRecord,
-    LeaseTiming,
     WorkerState,
     after_renew_conflict,
     hold_state,
     next_state,
 )
 from dedup_worker.loop import DedupWorker, _Batch
-from dedup_worker.window import WindowPolicy
 
 RUNNING, PAUSED, FENCED = WorkerState.RUNNING, WorkerState.PAUSED, WorkerState.FENCED
 ME = Claim("events-p0-e2", epoch=2, duration_s=15)

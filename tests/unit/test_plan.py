@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.desired.partition import template_hash
 from dedup_operator.failover import (
     CreatePod,
@@ -212,16 +212,16 @@ def test_status_sums_the_workers_counters_and_keeps_the_tainted_list_given() -> 
 
 
 def test_the_next_pass_is_due_at_once_after_acting_else_when_a_wait_runs_out() -> None:
-    assert plan_pass(observation(), NOW).next_pass_in(NOW) is None, "steady: the interval"
+    assert plan_pass(observation(), NOW).requeue_after(NOW) is None, "steady: the interval"
     nodes = {"n1": node("n1", up=False), "n2": node("n2"), "n3": node("n3")}
     begun = plan_pass(observation(nodes=nodes), NOW)
-    assert begun.next_pass_in(NOW) == 0.0, "a handover recorded: its next step at once"
+    assert begun.requeue_after(NOW) == 0.0, "a handover recorded: its next step at once"
     waiting = plan_pass(
         observation(nodes=nodes, previous=begun.record, leases=dict([lease(0, 1, 4), lease(1, 1)])),
         NOW,
     )
     assert isinstance(waiting.steps[0].action, Steady)
-    assert waiting.next_pass_in(NOW) == 6.0, "when the old worker's Lease runs out"
+    assert waiting.requeue_after(NOW) == 6.0, "when the old worker's Lease runs out"
 
 
 def test_a_completion_recorded_but_not_told_is_told_by_the_next_pass() -> None:

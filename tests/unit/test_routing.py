@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from dedup_worker.batch import Record, triage
-from dedup_worker.ids import ID_HEADER, IdSpec, id_key
-from dedup_worker.ownership import owner_reference
+from dedup_contract.batch import Record, triage
+from dedup_contract.ids import ID_HEADER, IdSpec, id_key
+from dedup_contract.ownership import owner_reference
 from dedup_worker.routing import (
     FORWARD_ID,
     FORWARD_ORIGIN,

@@ -14,7 +14,7 @@ from dedup_spark.entrypoint import (
     executor_command,
     java_options,
 )
-from dedup_spark.session import SessionError, SparkSettings, kubernetes_conf
+from dedup_spark.session import SessionError, SparkSettings, kafka_jars, kubernetes_conf
 from dedup_spark.worker_daemon import short_path
 
 POD_ENV = {
@@ -177,3 +177,20 @@ def test_a_master_that_would_send_the_token_in_clear_is_refused() -> None:
     for master in ("k8s://http://10.0.0.1:80", "k8s://10.0.0.1:6443"):
         with pytest.raises(SessionError, match=r"only k8s .* or k8s://https://"):
             kubernetes_conf(SparkSettings(master, image="img"), {})
+
+
+def test_the_kafka_jars_come_only_from_the_directory_the_environment_names(
+    tmp_path: Path,
+) -> None:
+    """The job never looks for the checkout's harness: the image sets DEDUP_SPARK_JARS,
+    and in a checkout the harness does (dedup_local.spark.use_cached_kafka_jars)."""
+    with pytest.raises(SessionError, match="DEDUP_SPARK_JARS is not set"):
+        kafka_jars({})
+    with pytest.raises(SessionError, match="holds no spark-sql-kafka jar"):
+        kafka_jars({"DEDUP_SPARK_JARS": str(tmp_path)})
+    for name in ("spark-sql-kafka-0-10_2.13-4.0.0.jar", "kafka-clients-3.9.0.jar"):
+        (tmp_path / name).touch()
+    assert [j.name for j in kafka_jars({"DEDUP_SPARK_JARS": str(tmp_path)})] == [
+        "kafka-clients-3.9.0.jar",
+        "spark-sql-kafka-0-10_2.13-4.0.0.jar",
+    ]

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from dedup_contract.ids import ID_SOURCES
 from dedup_local.paths import REPO_ROOT
 from dedup_operator.failover import ReleaseVolume
 from dedup_operator.spec import LOG_LEVELS, PipelineSpec, SpecError, quantity
-from dedup_worker.ids import ID_SOURCES
 
 CRD = yaml.safe_load((REPO_ROOT / "crds" / "dedup.io_dedupPipelines.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

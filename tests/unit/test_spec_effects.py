@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dedup_contract.store import MiB
 from dedup_operator import failover
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.partition import worker_pod
@@ -34,7 +35,6 @@ from dedup_operator.failover import (
 from dedup_operator.spec import PipelineSpec
 from dedup_worker.cli import build_parser, config_from_args
 from dedup_worker.config import WorkerConfig
-from dedup_worker.store import MiB
 
 OWNER = Owner(name="events", namespace="analytics", uid="uid-1")
 BASE: dict[str, Any] = {

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
-from dedup_worker.ids import id_key
-from dedup_worker.store import (
+from dedup_contract.ids import id_key
+from dedup_contract.store import (
     PARALLEL_LOOKUP_MIN,
     MiB,
     Ownership,
@@ -23,7 +23,7 @@ from dedup_worker.store import (
     StoreOwnershipError,
     wipe,
 )
-from dedup_worker.window import WindowPolicy
+from dedup_contract.window import WindowPolicy
 
 OWNER = StoreOwner("analytics", "events", 3)
 SMALL = StoreConfig(block_cache_bytes=8 * MiB, write_buffer_bytes=1 * MiB, generations=4)
@@ -179,9 +179,9 @@ def test_offsets_persist_across_reopen_and_none_leaves_them(path: Path) -> None:
 
 CRASH_AFTER_WRITE = """
 import os, sys
-from dedup_worker.ids import id_key
-from dedup_worker.store import MiB, Store, StoreConfig, StoreOwner
-from dedup_worker.window import WindowPolicy
+from dedup_contract.ids import id_key
+from dedup_contract.store import MiB, Store, StoreConfig, StoreOwner
+from dedup_contract.window import WindowPolicy
 store = Store.open(sys.argv[1], StoreOwner("analytics", "events", 3), WindowPolicy(max_keys=100),
                    StoreConfig(block_cache_bytes=8 * MiB, write_buffer_bytes=MiB, generations=4))
 store.record_batch([id_key(f"id-{i}") for i in range(5)], 1000, input_next_offset=3, output_next_offset=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dedup_worker.window import (
+from dedup_contract.window import (
     Generation,
     WindowPolicy,
     format_duration_ms,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dedup_worker.cli import EXIT_CONFIG, arguments, build_parser, config_from_args, main
+from dedup_contract.exit_codes import EXIT_CONFIG, EXIT_KAFKA
+from dedup_worker.cli import arguments, build_parser, config_from_args, main
 from dedup_worker.config import transactional_id
 
 BASE = [
@@ -202,7 +203,7 @@ def test_kafka_failure_is_one_line_and_exit_6(
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out waiting"))
 
     monkeypatch.setattr(cli, "DedupWorker", NoBroker)
-    assert main([*BASE, "--metrics-port", "0", "--log-format", "text"]) == cli.EXIT_KAFKA == 6
+    assert main([*BASE, "--metrics-port", "0", "--log-format", "text"]) == EXIT_KAFKA == 6
     err = capsys.readouterr().err
     assert "kafka failed: Timed out waiting (bootstrap servers 127.0.0.1:9092)" in err
     assert "Traceback" not in err

@@ -18,23 +18,31 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from dedup_worker import logs
-from dedup_worker.config import LeaseSettings, WorkerConfig, default_consumer_group
+from dedup_contract import logs
+from dedup_contract.exit_codes import (
+    EXIT_CONFIG,
+    EXIT_FENCED,
+    EXIT_KAFKA,
+    EXIT_STOPPED_ON_INPUT,
+    EXIT_STORE,
+)
+from dedup_contract.ids import IdSpec
+from dedup_contract.kafka_settings import (
+    KafkaSettingsError,
+    format_kafka_settings,
+    parse_kafka_settings,
+)
+from dedup_contract.lease_clock import LeaseTiming
+from dedup_contract.names import default_consumer_group
+from dedup_contract.store import MiB, StoreConfig, StoreError
+from dedup_contract.window import WindowPolicy, format_duration_ms, parse_duration_ms
+from dedup_worker.config import LeaseSettings, WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken, LeaseToken
-from dedup_worker.ids import IdSpec
-from dedup_worker.lease import Claim, LeaseTiming
+from dedup_worker.lease import Claim
 from dedup_worker.loop import DedupWorker, StoppedOnInput
 from dedup_worker.metrics import Health, WorkerMetrics, serve
-from dedup_worker.store import MiB, StoreConfig, StoreError
-from dedup_worker.window import WindowPolicy, format_duration_ms, parse_duration_ms
 
 log = logging.getLogger("dedup_worker")
-
-EXIT_FENCED = 3
-EXIT_CONFIG = 2
-EXIT_STOPPED_ON_INPUT = 4
-EXIT_STORE = 5
-EXIT_KAFKA = 6
 
 _ENV_PREFIX = "DEDUP_"
 
@@ -171,12 +179,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         duration_ms=parse_duration_ms(args.window_duration) if args.window_duration else None,
         max_keys=_int(args.window_max_keys, "window-max-keys") if args.window_max_keys else None,
     )
-    kafka_settings: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in args.kafka_config.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--kafka-config item {item!r} is not key=value")
-        kafka_settings[key.strip()] = value.strip()
+    try:
+        kafka_settings = parse_kafka_settings(args.kafka_config)
+    except KafkaSettingsError as exc:
+        raise ValueError(f"--kafka-config: {exc}") from None
     metrics_port = _int(args.metrics_port, "metrics-port")
     lease = None
     if args.lease_name:
@@ -267,7 +273,7 @@ def arguments(config: WorkerConfig) -> list[str]:
         if config.ownership_switch:
             argv += ["--ownership-switch", "true"]
     if config.kafka_settings:
-        argv += ["--kafka-config", ",".join(f"{k}={v}" for k, v in config.kafka_settings.items())]
+        argv += ["--kafka-config", format_kafka_settings(config.kafka_settings.items())]
     return argv
 
 

@@ -9,20 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dedup_worker.ids import IdSpec
-from dedup_worker.store import Ownership, StoreConfig, StoreOwner
-from dedup_worker.window import WindowPolicy
+from dedup_contract.ids import IdSpec
+from dedup_contract.names import default_consumer_group
+from dedup_contract.store import Ownership, StoreConfig, StoreOwner
+from dedup_contract.window import WindowPolicy
 
 
 def transactional_id(namespace: str, pipeline: str, partition: int) -> str:
     """The producer's `transactional.id`: stable per partition, so a replacement worker
     fences any zombie of the same partition at the broker (epoch bump)."""
     return f"dedup/{namespace}/{pipeline}/p{partition}"
-
-
-def default_consumer_group(pipeline: str) -> str:
-    """The consumer group whose committed offsets are the input position."""
-    return f"dedup-{pipeline}"
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,17 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from dedup_contract.lease_clock import LeaseClock, LeaseTiming, skewed_utc_now
+from dedup_contract.timefmt import format_micro_time
 from dedup_worker.lease import (
     Acquire,
     Claim,
     Hold,
     LeaseRecord,
-    LeaseTiming,
     Superseded,
     Wait,
     after_renew_conflict,
@@ -37,7 +38,6 @@ from dedup_worker.lease import (
     renewed,
     taken,
 )
-from dedup_worker.lease_clock import LeaseClock, skewed_utc_now
 
 log = logging.getLogger(__name__)
 
@@ -96,33 +96,25 @@ def _api_errors() -> tuple[type[BaseException], ...]:
 
 
 def api_client(kubeconfig: Path | None) -> Any:
-    """An API client from `kubeconfig`, else the pod's in-cluster service account.
-    Raises ValueError when neither is available. urllib3 retries are off: the token's own
-    loops retry, each request bounded by its timeout."""
-    from kubernetes import client, config
+    """An API client (`kube_client.api_client`) from `kubeconfig`, else the pod's
+    in-cluster service account, never a default kubeconfig. Raises ValueError when
+    neither is available. urllib3 retries are off: the token's own loops retry, each
+    request bounded by its timeout."""
     from kubernetes.config.config_exception import ConfigException
 
-    configuration = client.Configuration()
+    from dedup_contract import kube_client
+
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise ValueError(f"--kubeconfig {kubeconfig}: no such file")
+    if kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise ValueError(
+            "--lease-name needs the API server: set --kubeconfig (DEDUP_KUBECONFIG) or "
+            "run in a pod (in-cluster config, KUBERNETES_SERVICE_HOST)"
+        )
     try:
-        if kubeconfig is not None:
-            if not kubeconfig.is_file():
-                raise ValueError(f"--kubeconfig {kubeconfig}: no such file")
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                str(kubeconfig), client_configuration=configuration
-            )
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-        else:
-            raise ValueError(
-                "--lease-name needs the API server: set --kubeconfig (DEDUP_KUBECONFIG) or "
-                "run in a pod (in-cluster config, KUBERNETES_SERVICE_HOST)"
-            )
+        return kube_client.api_client(kubeconfig, default_kubeconfig=False, retries=False)
     except ConfigException as exc:
         raise ValueError(f"cannot configure the API client: {exc}") from None
-    configuration.retries = False
-    return client.ApiClient(configuration)
 
 
 def _record(lease: Any) -> LeaseRecord:
@@ -408,9 +400,9 @@ class LeaseToken:
 
 
 def _micro_time(when: datetime | None) -> str | None:
-    """A Lease's MicroTime as the API server parses it: always six fraction digits (the
-    client's isoformat() drops them when the microseconds are 0)."""
-    return None if when is None else when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A Lease's MicroTime (`timefmt.format_micro_time`: always six fraction digits), or
+    None for no time."""
+    return None if when is None else format_micro_time(when)
 
 
 def _brief(exc: BaseException) -> str:

@@ -5,7 +5,7 @@ One `coordination.k8s.io/v1` Lease per partition fences its workers (CONTRACTS.m
 - `spec.holderIdentity` is the pod holding it, `<pipeline>-p<N>-e<epoch>`;
 - `spec.leaseTransitions` is the epoch: the worker started for epoch E writes E when it
   takes the Lease, so a worker of an older epoch can tell it was superseded;
-- others judge expiry by `dedup_worker.lease_clock`: a full `leaseDurationSeconds` with no
+- others judge expiry by `dedup_contract.lease_clock`: a full `leaseDurationSeconds` with no
   change seen, on the reader's own monotonic clock (never the holder's wall clock);
 - the holder judges its own hold by its *monotonic* clock: held only while
   `now < (when the last successful renew request was sent) + renew deadline`, with the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 
-from dedup_worker import lease_clock
+from dedup_contract import lease_clock
 
 
 @dataclass(frozen=True)
@@ -147,40 +147,6 @@ def released(lease: LeaseRecord, now: datetime) -> LeaseRecord:
     worker, restarted, takes it back as its own."""
     acquired, renew = lease_clock.release_times(lease.acquire_time, lease.duration_s or 0, now)
     return replace(lease, renew_time=renew, acquire_time=acquired)
-
-
-@dataclass(frozen=True)
-class LeaseTiming:
-    """How often the holder renews and how long a successful renew proves the hold.
-
-    Invariant: renew_every_s < renew_deadline_s < duration_s, so a few renews may fail
-    before the hold lapses, and it lapses (for the holder) a third of a duration before
-    the Lease expires (for everyone else)."""
-
-    duration_s: int
-    renew_every_s: float
-    renew_deadline_s: float
-
-    @classmethod
-    def for_duration(cls, duration_s: int) -> LeaseTiming:
-        return cls(duration_s, duration_s / 3, duration_s * 2 / 3)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.renew_every_s < self.renew_deadline_s < self.duration_s:
-            raise ValueError(
-                "need 0 < renew interval < renew deadline < lease duration, got "
-                f"{self.renew_every_s}s, {self.renew_deadline_s}s, {self.duration_s}s"
-            )
-
-    @property
-    def request_timeout_s(self) -> float:
-        """Per API request: a hung request must not outlive a renew interval."""
-        return self.renew_every_s
-
-    def held_until(self, last_renew_sent: float) -> float:
-        """Monotonic time until which a renew *sent* at `last_renew_sent` (monotonic) and
-        answered with success proves the hold."""
-        return last_renew_sent + self.renew_deadline_s
 
 
 def held(held_until: float | None, monotonic_now: float) -> bool:

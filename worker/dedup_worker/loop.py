@@ -44,18 +44,19 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from dedup_worker import batch as batch_rules
-from dedup_worker import broker_logs, faults, ownership, routing
-from dedup_worker.batch import DeadLetter, Firsts, Headers, Triage, select_new, triage
-from dedup_worker.broker_logs import STATISTICS_INTERVAL_MS, ConnectionLog
+from dedup_contract import batch as batch_rules
+from dedup_contract import broker_logs, faults, ownership
+from dedup_contract.batch import DeadLetter, Firsts, Headers, Triage, select_new, triage
+from dedup_contract.broker_logs import STATISTICS_INTERVAL_MS, ConnectionLog
+from dedup_contract.ids import ID_HEADER
+from dedup_contract.store import Store
+from dedup_worker import routing
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import AlwaysHeld, Fenced, FencingToken
-from dedup_worker.ids import ID_HEADER
 from dedup_worker.lease import Hold, WorkerState, next_state
 from dedup_worker.metrics import Health, WorkerMetrics
 from dedup_worker.recovery import catch_up, owned_from_other_partitions
 from dedup_worker.routing import NO_FORWARDS, Forwards, OpenTransactionAge, Source, WindowClock
-from dedup_worker.store import Store
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (delivered on poll) go through our structured logging, the

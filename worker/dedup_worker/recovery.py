@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from dedup_worker import ownership
-from dedup_worker.ids import ID_HEADER, id_key
-from dedup_worker.store import Store
+from dedup_contract import ownership
+from dedup_contract.ids import ID_HEADER, id_key
+from dedup_contract.store import Store
 
 log = logging.getLogger(__name__)
 

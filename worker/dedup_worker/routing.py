@@ -1,6 +1,6 @@
 """Where each record of a batch goes under ownership, and what a worker reads (pure).
 
-Under ownership (`dedup_worker.ownership`) worker `w` of `W` publishes only the ids it
+Under ownership (`dedup_contract.ownership`) worker `w` of `W` publishes only the ids it
 owns, to output partition `w`. It reads:
 
 * every input partition `i` with ``i % W == w`` (the input may have any number of
@@ -33,8 +33,8 @@ from itertools import compress
 from operator import eq, methodcaller, ne
 from typing import Final, cast
 
-from dedup_worker.batch import DeadLetter, Firsts, Headers, InputRecord, Triage, triage_known
-from dedup_worker.ids import ID_HEADER, MAX_ID_BYTES
+from dedup_contract.batch import DeadLetter, Firsts, Headers, InputRecord, Triage, triage_known
+from dedup_contract.ids import ID_HEADER, MAX_ID_BYTES
 
 FORWARD_ID: Final = ID_HEADER
 FORWARD_ORIGIN: Final = "dedup.origin"

@@ -33,6 +33,8 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract.timefmt import format_micro_time, format_time
+
 from ..image import image_exists, image_id, podman_env
 from ..paths import REPO_ROOT
 from .attacher import DRIVER, as_json, unique_volume_name
@@ -58,11 +60,11 @@ KUBELET_VERSION = "v1.34.4"
 
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 def micro_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time(datetime.now(UTC))
 
 
 def mount_plan(container: Mapping[str, Any], sources: Mapping[str, Path]) -> list[dict[str, Any]]:

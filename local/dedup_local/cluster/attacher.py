@@ -19,6 +19,8 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from dedup_contract.timefmt import format_time
+
 DRIVER = "local.dedup.dev"
 STORAGE_CLASS = "dedup-local"
 FINALIZER = f"external-attacher/{DRIVER.replace('/', '-')}"
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
 
 
 def unique_volume_name(handle: str) -> str:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..spark import cached_kafka_jars_env
+
 PROJECT_IMAGE = "dedup-operator"
 VENV_BIN = Path(sys.executable).parent
 HOST_ENV_DROPPED = (
@@ -181,6 +183,9 @@ def base_env(project_image: bool) -> dict[str, str]:
     }
     if project_image:
         env["PATH"] = str(VENV_BIN) + os.pathsep + env.get("PATH", os.defpath)
+        # what the image's ENV DEDUP_SPARK_JARS names: here the cached jars
+        for name, value in cached_kafka_jars_env().items():
+            env.setdefault(name, value)
     return env
 
 

@@ -34,12 +34,12 @@ import json
 from datetime import timedelta
 from typing import Any, Final
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.driver_pod import pod_identity_env
 from dedup_operator.desired.owner import Owner, metadata
 from dedup_operator.desired.partition import kafka_env
 from dedup_operator.desired.pipeline import RBAC
 from dedup_operator.spec import PipelineSpec
-from dedup_spark.session import pod_identity_env
 
 RECONCILE_COMMAND: Final = "dedup-reconcile"
 REPORT_DIR: Final = "/reports"
@@ -120,7 +120,7 @@ def uses_spark_operator(spec: PipelineSpec, crd_installed: bool) -> bool:
 
 
 def _duration(value: timedelta) -> str:
-    """`1h30m`-style text in whole seconds (the grammar of dedup_worker.window)."""
+    """`1h30m`-style text in whole seconds (the grammar of dedup_contract.window)."""
     seconds = max(1, int(value.total_seconds()))
     out = ""
     for unit, size in (("h", 3600), ("m", 60), ("s", 1)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 
 
 @dataclass(frozen=True)

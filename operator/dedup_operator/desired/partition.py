@@ -14,7 +14,8 @@ import hashlib
 import json
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
+from dedup_contract.kafka_settings import format_kafka_settings
 from dedup_operator.desired.owner import Owner, metadata
 from dedup_operator.spec import PipelineSpec
 
@@ -66,7 +67,7 @@ def kafka_env(spec: PipelineSpec) -> list[dict[str, Any]]:
     """DEDUP_KAFKA_CONFIG: the inline (credential-free) settings, plus the Secret's
     settings through a secretKeyRef; both together by Kubernetes' $(VAR) expansion.
     Every pod that talks to the pipeline's Kafka gets exactly these (workers, the audit)."""
-    inline = ",".join(f"{k}={v}" for k, v in spec.kafka.config)
+    inline = format_kafka_settings(spec.kafka.config)
     ref = spec.kafka.security_ref
     if ref is None:
         return [{"name": "DEDUP_KAFKA_CONFIG", "value": inline}] if inline else []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dedup_operator import names
+from dedup_contract import names
 from dedup_operator.desired.owner import Owner, metadata
 from dedup_operator.spec import PipelineSpec
 

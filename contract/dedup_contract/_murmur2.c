@@ -1,9 +1,9 @@
 /*
- * Kafka's murmur2 in C: the hash behind the owner of an id (dedup_worker.ownership).
+ * Kafka's murmur2 in C: the hash behind the owner of an id (dedup_contract.ownership).
  *
  * 32-bit MurmurHash2 with Kafka's seed 0x9747b28c over the id's UTF-8 bytes, as Kafka's
  * default (Java) partitioner and librdkafka's murmur2_random partitioner compute it; the
- * owner is toPositive(hash) % workers. The Python function dedup_worker.ownership.
+ * owner is toPositive(hash) % workers. The Python function dedup_contract.ownership.
  * murmur2_reference is the reference this one is tested against (Kafka's own vectors
  * and random bytes, tests/unit/test_ownership.py). Built by the venv setup and the
  * image's build stage (pyproject.toml, [tool.setuptools] ext-modules).

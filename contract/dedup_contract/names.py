@@ -1,10 +1,12 @@
-"""The one place for the names and label keys of everything the operator creates.
+"""The one place for the names and label keys of everything the operator creates, and
+the names the parts share in Kafka.
 
 Per partition N of pipeline P: PVC `P-pN`, Lease `P-pN`, worker Pod `P-pN-e<epoch>`.
 Per pipeline: ServiceAccount/Role/RoleBinding `P-worker`, headless Service `P-workers`,
 PodDisruptionBudget `P-workers`; in Kafka, the internal topic `<namespace>.P-owned` that
 workers forward the records they do not own through (unless `spec.kafka.ownedTopic`
-names one).
+names one), and the consumer group `dedup-P` whose committed offsets are the input
+position (the worker commits it, the operator renders it, the Spark jobs read it).
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def owned_topic(namespace: str, pipeline: str) -> str:
     whose id it does not own to partition owner(id) of it (namespaced, so two
     namespaces' pipelines of one name on one Kafka do not share it)."""
     return f"{namespace}.{pipeline}-owned"
+
+
+def default_consumer_group(pipeline: str) -> str:
+    """The consumer group whose committed offsets are the input position."""
+    return f"dedup-{pipeline}"
 
 
 def service_account(pipeline: str) -> str:

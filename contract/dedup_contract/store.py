@@ -60,7 +60,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from dedup_worker.window import Generation, WindowPolicy, generations_to_drop, place_batch
+from dedup_contract.window import Generation, WindowPolicy, generations_to_drop, place_batch
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class StoreOwner:
 @dataclass(frozen=True)
 class Ownership:
     """The ownership generation a store was written under: the number of workers the ids
-    are divided among (`dedup_worker.ownership.owner`) and how many reshards changed that
+    are divided among (`dedup_contract.ownership.owner`) and how many reshards changed that
     number (0 until resharding exists). A store of another generation holds another share
     of the ids, so a worker refuses it."""
 

@@ -9,7 +9,7 @@ keyed that way put every occurrence of an id on its owner's input partition when
 input's partition count is a multiple of `workers` ((h % I) % W == h % W exactly when W
 divides I).
 
-The hash runs in C (`dedup_worker._murmur2`, built with the package): one call per batch
+The hash runs in C (`dedup_contract._murmur2`, built with the package): one call per batch
 (`owners`) costs well under 0.3 us an id, where this module's pure-Python
 `murmur2_reference` costs 3-4 us. The reference stays as what the C code is tested
 against (Kafka's and librdkafka's own vectors, and random bytes: tests/unit/test_ownership.py).
@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
-from dedup_worker import _murmur2
+from dedup_contract import _murmur2
 
 
 def owner(message_id: str | bytes, workers: int) -> int:

@@ -12,7 +12,7 @@ from itertools import compress
 from operator import itemgetter, methodcaller, not_
 from typing import NamedTuple, Protocol
 
-from dedup_worker.ids import (
+from dedup_contract.ids import (
     IdSpec,
     InvalidRecord,
     extract_id,

@@ -1,32 +1,27 @@
-"""When a Lease counts as run out: the one rule, for every reader of a Lease.
+"""When a Lease counts as run out, and how its holder keeps it: the one rule for every
+reader and every holder (the worker's partition Lease, the operator's failover and its
+leader election). Nobody else may judge a Lease's expiry.
 
-Used by the worker (taking its partition's Lease from an older epoch), the operator's
-failover (is the old worker fenced? is a node's heartbeat stale?) and the operator's
-leader election. Nobody else may judge a Lease's expiry.
-
-**No reader compares the holder's wall clock with its own.** `renewTime` is written by
-the holder's clock; another machine's clock may be seconds or minutes off. As client-go's
-leader election does, a reader records *when it observed* the Lease's
-`(holderIdentity, renewTime, resourceVersion)` change, on its own monotonic clock
-(`LeaseClock.observe`), and the Lease has run out only once `leaseDurationSeconds` has
-passed on that clock since, with no change seen (`expired`). A skewed holder changes
-nothing: any write it makes is a change, whatever time it writes.
+**No reader compares the holder's wall clock with its own.** A reader records *when it
+observed* the Lease's `(holderIdentity, renewTime, resourceVersion)` change, on its own
+monotonic clock (`LeaseClock.observe`), as client-go's leader election does; the Lease
+has run out only once `leaseDurationSeconds` has passed on that clock since, with no
+change seen (`expired`). A skewed holder changes nothing: any write is a change.
 
 A reader with no history (a restarted operator, a worker just started) sees every held
-Lease as renewed at first sight and waits a full duration. That is the safe choice: it
-costs at most one duration after a restart and never lets two holders overlap.
+Lease as renewed at first sight and waits a full duration: at most one duration lost
+after a restart, and never two holders at once.
 
 A Lease is *free* (taken at once) when it names no holder, or when its holder released
-it: `released()` writes `renewTime` one duration before `acquireTime`, two times from the
-same (holder's) clock, so whether it was released never depends on the reader's clock.
+it: `release_times` writes `renewTime` one duration before `acquireTime`, two times from
+the holder's clock, so whether it was released never depends on the reader's clock.
 
-The holder judges its own hold by its own monotonic renew deadline
-(`dedup_worker.lease.LeaseTiming`), shorter than the duration, so it stops committing
-before any reader may count the Lease as run out.
+A holder judges its own hold by its monotonic renew deadline (`LeaseTiming`: renew every
+third of the duration, held until two thirds after the last good renew was sent), so it
+stops acting before any reader may count the Lease as run out.
 
 Fault injection (tests only): `DEDUP_FAULT_CLOCK_SKEW_S` (seconds, may be negative)
-shifts the wall-clock times the worker writes into its Lease (`renewTime`,
-`acquireTime`), as a node whose clock is that far off would. Unset in production.
+shifts the wall-clock times the worker writes into its Lease. Unset in production.
 """
 
 from __future__ import annotations
@@ -86,6 +81,42 @@ def expired(free: bool, unchanged_for_s: float, duration_s: float) -> bool:
 def remaining_s(free: bool, unchanged_for_s: float, duration_s: float) -> float:
     """Seconds until `expired` turns true with no change seen (0 once it is)."""
     return 0.0 if free else max(0.0, duration_s - unchanged_for_s)
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """How often a holder renews and how long a successful renew proves the hold: the one
+    rule for every holder (the worker's partition Lease, the operator's leader Lease).
+
+    `for_duration(d)`: renew every d/3, held until 2d/3 after the last successful renew
+    was sent. Invariant: renew_every_s < renew_deadline_s < duration_s, so a few renews
+    may fail before the hold lapses, and it lapses (for the holder) a third of a duration
+    before the Lease expires (for everyone else)."""
+
+    duration_s: int
+    renew_every_s: float
+    renew_deadline_s: float
+
+    @classmethod
+    def for_duration(cls, duration_s: int) -> LeaseTiming:
+        return cls(duration_s, duration_s / 3, duration_s * 2 / 3)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_every_s < self.renew_deadline_s < self.duration_s:
+            raise ValueError(
+                "need 0 < renew interval < renew deadline < lease duration, got "
+                f"{self.renew_every_s}s, {self.renew_deadline_s}s, {self.duration_s}s"
+            )
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Per API request: a hung request must not outlive a renew interval."""
+        return self.renew_every_s
+
+    def held_until(self, last_renew_sent: float) -> float:
+        """Monotonic time until which a renew *sent* at `last_renew_sent` (monotonic) and
+        answered with success proves the hold."""
+        return last_renew_sent + self.renew_deadline_s
 
 
 class LeaseClock:

@@ -1,5 +1,5 @@
 """How a message id is extracted and hashed: the one place for these rules (which worker
-owns an id is `dedup_worker.ownership`'s).
+owns an id is `dedup_contract.ownership`'s).
 
 The worker, the Spark jobs and the tests import this module; nothing re-implements it.
 

@@ -1,0 +1,106 @@
+"""What one operator process remembers between reconcile passes (all of it re-derivable).
+
+- `PipelineMemory`: one pipeline's (its pass lock, when its objects were last ensured,
+  its cached topic check, what was told once). Owned by the caller of
+  `reconcile.reconcile` (the handlers' runtime keeps one per (namespace, name) in
+  `PipelineMemories`) and passed in to every pass; `recalled` is the snapshot the
+  decide step reads.
+- `LeaseWatch`: the process's own view of Lease renewals, shared by every pipeline: when
+  it saw each Lease (partitions', nodes') change, on its monotonic clock (a Lease has
+  run out once unchanged for its duration: dedup_contract.lease_clock), and since when
+  it has seen the node heartbeats without a gap. A restarted operator starts empty, so
+  every held Lease is fresh at first sight: it waits a full duration (nodeLostAfter for
+  a node) before acting on one. Safe, and that slow.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from dedup_contract.lease_clock import ContinuousView, LeaseClock
+from dedup_operator.observed import lease_view
+from dedup_operator.topics import TopicCheck
+
+# Without a watch, node heartbeats read more than this apart break the unbroken view:
+# a heartbeat is never older than the view (after a control-plane outage no node is to
+# blame for the renewals nobody could write).
+HEARTBEAT_GAP_S = 15.0
+
+# (the spec fields the check depends on, monotonic time of the check, the check)
+TopicMemory = tuple[tuple[Any, ...], float, TopicCheck]
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """A pass's snapshot of its pipeline's memory: what the decide step reads of it."""
+
+    # (generation, seconds since) the pipeline's own objects were last ensured
+    ensured: tuple[int, float] | None = None
+    audit_unreadable: str | None = None  # the unreadable-summary message already told
+    switch_ignored_told: bool = False  # the ignored switch annotation was told
+
+
+@dataclass
+class PipelineMemory:
+    """What the process remembers of one pipeline; passes over it hold `lock`."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    uid: str | None = None
+    ensured: tuple[int, float] | None = None  # (generation, monotonic time)
+    topic: TopicMemory | None = None
+    audit_unreadable: str | None = None  # the last unreadable-summary message (said once)
+    switch_ignored_told: bool = False  # the ignored switch annotation was told (once)
+
+    def meet(self, uid: str) -> None:
+        """The pipeline as a pass reads it: a new one of the same name (another uid)
+        has its objects ensured and its topics checked afresh."""
+        if self.uid != uid:
+            self.uid, self.ensured, self.topic = uid, None, None
+            self.switch_ignored_told = False
+
+    def recalled(self, monotonic: float) -> Recalled:
+        ensured = self.ensured
+        return Recalled(
+            ensured=None if ensured is None else (ensured[0], monotonic - ensured[1]),
+            audit_unreadable=self.audit_unreadable,
+            switch_ignored_told=self.switch_ignored_told,
+        )
+
+
+class PipelineMemories:
+    """Every pipeline's memory in this process, by (namespace, name); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pipeline: dict[tuple[str, str], PipelineMemory] = {}
+
+    def of(self, namespace: str, name: str) -> PipelineMemory:
+        with self._lock:
+            return self._by_pipeline.setdefault((namespace, name), PipelineMemory())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._by_pipeline.pop((namespace, name), None)
+
+
+class LeaseWatch:
+    """This process's Lease clock and unbroken view of the node heartbeats."""
+
+    def __init__(self) -> None:
+        self.lease_clock = LeaseClock()
+        self.heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
+
+    def observe_heartbeat(self, lease: Mapping[str, Any]) -> None:
+        """A node Lease as the watch delivers it: its renewal noted on the Lease clock
+        when it happens, not at the next pass (up to an interval later, which would be
+        added to every node-loss judgement)."""
+        lease_view(lease, self.lease_clock)
+
+    def heartbeats_watched_for(self, watched_since: float | None) -> timedelta:
+        """How long the heartbeats have been seen without a gap, counting this read;
+        `watched_since`: the watch's unbroken start (None: no watch)."""
+        return timedelta(seconds=self.heartbeat_view.looked(since=watched_since))

@@ -1,0 +1,367 @@
+"""The observe step of a reconcile pass: what it decides on, read once. It writes nothing.
+
+- `observe_pipeline`: the spec (as the workers run it: `ownership.decide`), the volume
+  claims, the topics' check (the remembered one, read again every topic_check_s; an
+  internal topic the operator is to create is reported, not created), the pods, the
+  Leases, the Nodes with their heartbeats and the VolumeAttachments (watched:
+  cache.py), the pods the taint of a lost node would evict, the scheduled audit's
+  result, and what the process remembers of the pipeline (`memory.Recalled`);
+- `observe_deleted`: what finalizing a deleted pipeline decides on;
+- `read_topic_facts` / `topic_check`: how the topics are read and checked (the
+  executor reads them again after it created the internal topic).
+
+Every Lease is seen through the process's `LeaseWatch`: its clock remembers when each
+changed, which is how a Lease is known to have run out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from dedup_contract import names
+from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
+from dedup_operator import audit_result, ownership
+from dedup_operator.actions import TopicQuery
+from dedup_operator.desired import audit as desired_audit
+from dedup_operator.failover import HandoverReason, NodeView, PodView, ReleaseVolume
+from dedup_operator.kube import Kube, read_topics
+from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.observed import (
+    lease_view,
+    node_pod,
+    node_view,
+    pod_view,
+    worker_lease_name,
+)
+from dedup_operator.plan import (
+    AuditSeen,
+    DeletedPipeline,
+    InvalidSpec,
+    MissingOwnedTopic,
+    PipelineObservation,
+    taint_mark,
+)
+from dedup_operator.settings import ReconcileSettings
+from dedup_operator.spec import PipelineSpec, SpecError
+from dedup_operator.topics import (
+    OwnedTopicSettings,
+    TopicCheck,
+    TopicFacts,
+    check_topics,
+    owned_topic_settings,
+)
+
+log = logging.getLogger("dedup_operator.reconcile")
+
+
+def observe_pipeline(
+    kube: Kube,
+    body: Mapping[str, Any],
+    memory: PipelineMemory,
+    watch: LeaseWatch,
+    settings: ReconcileSettings,
+    reuse_topic_check: bool = False,
+) -> PipelineObservation | InvalidSpec:
+    """Everything the pass decides on, read once (the pipeline itself as read at the
+    pass's start). `reuse_topic_check`: the remembered check whatever its age (the pass
+    just created the internal topic and checked what it made)."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    generation = int(meta.get("generation") or 1)
+    previous: Mapping[str, Any] = body.get("status") or {}
+    try:
+        asked = PipelineSpec.parse(name, namespace, body["spec"])
+    except SpecError as exc:
+        return InvalidSpec(namespace, name, str(exc), generation, previous)
+    annotations = meta.get("annotations") or {}
+    switch_asked = annotations.get(names.ANNOTATION_SWITCH_TO_OWNERSHIP) == "true"
+    state = ownership.decide(asked, previous, switch_asked)
+    spec = state.spec  # as the workers run it: partitions = the recorded worker count
+    claims = kube.volume_claims(namespace, name)
+    topic, topic_read, missing = _topics(kube, spec, memory, settings, reuse_topic_check)
+    raw_leases = kube.leases(namespace, name)
+    nodes = _nodes(kube, spec, watch)
+    pods = _worker_pods(kube, spec)
+    nodes.update(_lost_nodes(kube, spec, previous, nodes, raw_leases, watch))
+    spark_operator = spec.reconciliation is not None and kube.has_crd(
+        desired_audit.SCHEDULED_SPARK_APPLICATION_CRD
+    )
+    return PipelineObservation(
+        spec=spec,
+        generation=generation,
+        previous=previous,
+        claims=claims,
+        pods=pods,
+        leases={n: lease_view(o, watch.lease_clock) for n, o in raw_leases.items()},
+        nodes=nodes,
+        attachments=kube.volume_attachments(),
+        topic=topic,
+        topic_read=topic_read,
+        ownership=state,
+        uid=meta["uid"],
+        finalizers=frozenset(meta.get("finalizers") or []),
+        recalled=memory.recalled(time.monotonic()),
+        owned_topic=missing,
+        spark_operator=spark_operator,
+        audit=_audit_seen(kube, spec, spark_operator),
+    )
+
+
+def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
+    """Every Node with its heartbeat Lease (None: unreadable, the Ready condition
+    decides), judged lost after the pipeline's nodeLostAfter."""
+    heartbeats = kube.node_leases()
+    watched_for = None
+    if heartbeats is not None:
+        watched_for = watch.heartbeats_watched_for(kube.heartbeats_watched_since())
+    views = (
+        node_view(
+            o,
+            None if heartbeats is None else heartbeats.get(o["metadata"]["name"]),
+            watch.lease_clock,
+            spec.failover.node_lost_after,
+            watched_for,
+        )
+        for o in kube.nodes()
+    )
+    return {n.name: n for n in views}
+
+
+def _worker_pods(kube: Kube, spec: PipelineSpec) -> dict[int, tuple[PodView, ...]]:
+    """The pipeline's worker pods by partition (by their names)."""
+    pods: dict[int, list[PodView]] = {}
+    for raw in kube.pods(spec.namespace, spec.name):
+        parsed = names.parse_worker_pod(raw["metadata"]["name"])
+        if parsed is None or parsed[0] != spec.name:
+            continue
+        pods.setdefault(parsed[1], []).append(pod_view(raw, parsed[2], names.ANNOTATION_SPEC_HASH))
+    return {p: tuple(views) for p, views in pods.items()}
+
+
+def _lost_nodes(
+    kube: Kube,
+    spec: PipelineSpec,
+    previous: Mapping[str, Any],
+    nodes: Mapping[str, NodeView],
+    raw_leases: Mapping[str, Any],
+    watch: LeaseWatch,
+) -> dict[str, NodeView]:
+    """A lost node this pipeline may taint, with the pods the taint would evict."""
+    if spec.failover.release_volume != ReleaseVolume.OUT_OF_SERVICE_TAINT:
+        return {}
+    looked: dict[str, NodeView] = {}
+    for entry in previous.get("partitions") or []:
+        h_prev = entry.get("handover") or {}
+        lost = looked.get(h_prev.get("fromNode") or "") or nodes.get(h_prev.get("fromNode") or "")
+        if (
+            h_prev.get("reason") == HandoverReason.NODE_LOST.value
+            and lost is not None
+            and lost.pods is None
+            and not lost.up
+            and not lost.out_of_service
+        ):
+            looked[lost.name] = _lost_node_pods(kube, lost, raw_leases, spec.namespace, watch)
+    return looked
+
+
+def _lost_node_pods(
+    kube: Kube,
+    node: NodeView,
+    leases: Mapping[str, Any],
+    namespace: str,
+    watch: LeaseWatch,
+) -> NodeView:
+    """The node with the pods bound to it (what the out-of-service taint would evict);
+    each dedup worker with its Lease. Pods unreadable: left unknown (no taint)."""
+    try:
+        raw = kube.pods_on_node(node.name)
+    except Exception as exc:  # e.g. no RBAC to list pods in every namespace
+        log.warning("cannot list the pods on node %s: %s", node.name, exc)
+        return node
+    pods = []
+    for pod in raw:
+        lease_name = worker_lease_name(pod)
+        if lease_name is None:
+            pods.append(node_pod(pod))
+            continue
+        ns = pod["metadata"].get("namespace")
+        try:
+            if ns == namespace and lease_name in leases:
+                lease = leases[lease_name]
+            else:  # another pipeline's worker: its own Lease
+                lease = kube.lease(ns, lease_name)
+        except Exception as exc:  # unreadable: counted as another workload
+            log.warning("cannot read Lease %s/%s: %s", ns, lease_name, exc)
+            pods.append(node_pod(pod))
+            continue
+        pods.append(node_pod(pod, lease, worker=True, clock=watch.lease_clock))
+    return replace(node, pods=tuple(pods))
+
+
+def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSeen:
+    """The scheduled audit's result ConfigMap and the newest Spark operator run."""
+    if spec.reconciliation is None:
+        return AuditSeen()
+    config_map = kube.config_map(spec.namespace, names.reconciliation_result(spec.name))
+    run = None
+    if desired_audit.uses_spark_operator(spec, spark_operator):
+        apps = kube.spark_applications(spec.namespace, names.reconciliation_job(spec.name))
+        run = audit_result.newest_spark_application(apps)
+    return AuditSeen(config_map, run)
+
+
+# ----------------------------------------------------------------- topics
+def kafka_settings_of(kube: Kube, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
+    """The operator's librdkafka settings for the pipeline's Kafka (the spec's, then the
+    Secret's), or SecretMissing, or SecretInvalid (an entry that is not `key=value`)."""
+    kafka_settings = dict(spec.kafka.config)
+    ref = spec.kafka.security_ref
+    if ref is not None:
+        secret = kube.secret_value(spec.namespace, ref.secret_name, ref.key)
+        if secret is None:
+            return TopicCheck(
+                False, "SecretMissing", f"Secret {ref.secret_name} (key {ref.key}) not found"
+            )
+        try:
+            kafka_settings.update(parse_kafka_settings(secret))
+        except KafkaSettingsError as invalid:  # the workers refuse it too: say which entry
+            return TopicCheck(
+                False,
+                "SecretInvalid",
+                f"Secret {ref.secret_name} (key {ref.key}): entry {invalid.position} is not "
+                "key=value (not shown: it may hold a credential)",
+            )
+    return kafka_settings
+
+
+def _memory_key(spec: PipelineSpec) -> tuple[Any, ...]:
+    """The spec fields a remembered topic check holds for."""
+    return (
+        spec.kafka.bootstrap_servers,
+        spec.kafka.input_topic,
+        spec.kafka.output_topic,
+        spec.window.duration,
+        spec.partitions,
+        spec.kafka.config,
+        spec.kafka.security_ref,
+        spec.ownership,
+        spec.kafka.owned_topic,
+    )
+
+
+def topic_query(spec: PipelineSpec, kafka_settings: Mapping[str, str]) -> TopicQuery:
+    return TopicQuery(
+        bootstrap=spec.kafka.bootstrap_servers,
+        kafka_settings=kafka_settings,
+        input_topic=spec.kafka.input_topic,
+        output_topic=spec.kafka.output_topic,
+        owned_topic=spec.owned_topic if spec.ownership else None,
+        owned_user_named=spec.kafka.owned_topic is not None,
+        partitions=spec.partitions,
+        window_ms=spec.window.duration_ms,
+        ownership=spec.ownership,
+        memory_key=_memory_key(spec),
+    )
+
+
+def read_topic_facts(query: TopicQuery) -> TopicFacts | TopicCheck:
+    return read_topics(
+        query.bootstrap,
+        query.kafka_settings,
+        query.input_topic,
+        query.output_topic,
+        owned_topic=query.owned_topic,
+        owned_user_named=query.owned_user_named,
+    )
+
+
+def topic_check(query: TopicQuery, facts: TopicFacts | TopicCheck) -> TopicCheck:
+    if isinstance(facts, TopicCheck):
+        return facts
+    return check_topics(facts, query.partitions, query.window_ms, ownership=query.ownership)
+
+
+def _topics(
+    kube: Kube,
+    spec: PipelineSpec,
+    memory: PipelineMemory,
+    settings: ReconcileSettings,
+    reuse: bool,
+) -> tuple[TopicCheck, tuple[Any, ...] | None, MissingOwnedTopic | None]:
+    """(the topics' check; its memory key when it was read in this pass, to be
+    remembered for topic_check_s, None when it is the remembered one; the internal
+    topic when the pipeline's workers own ids, the operator names the topic and it does
+    not exist yet: the act step creates it and remembers the check of what it made)."""
+    key = _memory_key(spec)
+    remembered = memory.topic
+    if (
+        remembered is not None
+        and remembered[0] == key
+        and (reuse or time.monotonic() - remembered[1] < settings.topic_check_s)
+    ):
+        return remembered[2], None, None
+    kafka_settings = kafka_settings_of(kube, spec)
+    if isinstance(kafka_settings, TopicCheck):
+        return kafka_settings, key, None
+    query = topic_query(spec, kafka_settings)
+    facts = read_topic_facts(query)
+    if (
+        isinstance(facts, TopicFacts)
+        and spec.creates_owned_topic
+        and facts.owned_partitions is None
+    ):
+        wanted = owned_topic_settings(facts, spec.workers)
+        if isinstance(wanted, OwnedTopicSettings):
+            return topic_check(query, facts), None, MissingOwnedTopic(query, wanted)
+        if facts.input_partitions is not None and facts.output_partitions is not None:
+            facts = replace(facts, owned_why=f"not created: {wanted}")
+    return topic_check(query, facts), key, None
+
+
+# ----------------------------------------------------------- deleted pipeline
+def observe_deleted(kube: Kube, body: Mapping[str, Any], watch: LeaseWatch) -> DeletedPipeline:
+    """What finalizing a deleted pipeline decides on: the nodes whose out-of-service
+    taint carries its mark (or that status.taintedNodes lists); for its internal topic,
+    its workers, the partition Leases not yet run out on the operator's clock, and the
+    Kafka settings to delete the topic with (read once no Lease is held)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    finalizers = frozenset(meta.get("finalizers") or [])
+    seen = DeletedPipeline(namespace, name, finalizers, names.owned_topic(namespace, name))
+    if names.FINALIZER_TAINTS in finalizers:
+        listed = set((body.get("status") or {}).get("taintedNodes") or [])
+        marked = set(kube.nodes_marked_by(taint_mark(namespace, name)))
+        seen = replace(seen, marked_nodes=tuple(sorted(listed | marked)))
+    if names.FINALIZER_OWNED_TOPIC not in finalizers:
+        return seen
+    workers = tuple(
+        (pod["metadata"]["name"], pod["metadata"].get("uid"))
+        for pod in kube.pods(namespace, name)
+        if not pod["metadata"].get("deletionTimestamp")
+    )
+    held = tuple(
+        lease_name
+        for lease_name, lease in kube.leases(namespace, name).items()
+        if not lease_view(lease, watch.lease_clock).expired()
+    )
+    seen = replace(seen, workers=workers, held_leases=held)
+    if held:
+        return seen
+    return replace(seen, **_kafka_of_deleted(kube, namespace, name, body))
+
+
+def _kafka_of_deleted(
+    kube: Kube, namespace: str, name: str, body: Mapping[str, Any]
+) -> dict[str, Any]:
+    try:
+        spec = PipelineSpec.parse(name, namespace, body["spec"])
+    except SpecError as exc:  # cannot happen for a spec the topic was created from
+        return {"spec_error": str(exc)}
+    kafka_settings = kafka_settings_of(kube, spec)
+    if isinstance(kafka_settings, TopicCheck):
+        return {"settings_error": kafka_settings.message}
+    return {"bootstrap": spec.kafka.bootstrap_servers, "kafka_settings": kafka_settings}

@@ -1,0 +1,114 @@
+"""The one API-client builder (dedup_contract.kube_client): where the credentials come
+from, and the request rate every client it builds keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import RESTResponse
+from kubernetes.config import ConfigException
+
+from dedup_contract import kube_client
+from dedup_contract.kube_client import RateLimitedApiClient, RequestRate, api_client
+
+
+class Clock:
+    """A monotonic clock that a sleep moves on."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def kubeconfig(tmp_path: Path, server: str, token: str, name: str = "kubeconfig") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def test_a_burst_passes_at_once_then_requests_wait_their_turn() -> None:
+    clock = Clock()
+    rate = RequestRate(qps=2, burst=3, monotonic=clock, sleep=clock.sleep)
+    assert [rate.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert rate.take() == pytest.approx(0.5)  # one token a half second
+    assert rate.take() == pytest.approx(0.5)
+    clock.now += 10  # idle: the bucket refills up to the burst, no further
+    assert [rate.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert rate.take() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="qps > 0 and burst >= 1"):
+        RequestRate(qps=0)
+
+
+def test_the_defaults_are_controller_runtimes() -> None:
+    assert (kube_client.DEFAULT_QPS, kube_client.DEFAULT_BURST) == (20.0, 30)
+
+
+def test_a_named_kubeconfig_builds_a_rate_limited_client(tmp_path: Path) -> None:
+    api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "secret"), retries=1)
+    assert isinstance(api, RateLimitedApiClient)
+    assert (api.rate.qps, api.rate.burst) == (20.0, 30)
+    cfg = api.configuration
+    assert cfg.host == "https://10.0.0.1:6443"
+    assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer secret"
+    assert cfg.retries == 1
+    assert client.Configuration.get_default_copy().host != cfg.host  # not made the default
+
+
+def test_without_a_limit_the_client_is_the_librarys_own(tmp_path: Path) -> None:
+    api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "t"), qps=None)
+    assert type(api) is client.ApiClient
+
+
+def test_no_kubeconfig_named_and_no_pod_falls_back_to_the_default_kubeconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    default = kubeconfig(tmp_path, "https://default:6443", "t", "default-kubeconfig")
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(default))
+    assert api_client().configuration.host == "https://default:6443"
+    with pytest.raises(ConfigException, match="Service host/port is not set"):
+        api_client(default_kubeconfig=False)  # in-cluster or nothing (the worker, dedupctl)
+
+
+def test_every_request_takes_a_token_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "t"))
+    assert isinstance(api, RateLimitedApiClient)
+    clock = Clock()
+    api.rate = RequestRate(qps=10, burst=2, monotonic=clock, sleep=clock.sleep)
+    sent: list[str] = []
+
+    def request(method: str, url: str, **_: Any) -> RESTResponse:
+        sent.append(f"{method} {url}")
+        body = b'{"kind": "NamespaceList", "apiVersion": "v1", "items": []}'
+        headers = {"Content-Type": "application/json"}
+        return RESTResponse(urllib3.HTTPResponse(body=body, status=200, headers=headers))
+
+    monkeypatch.setattr(api.rest_client, "request", request)
+    core = client.CoreV1Api(api)
+    for _ in range(4):
+        assert core.list_namespace().items == []
+    assert sent == ["GET https://10.0.0.1:6443/api/v1/namespaces"] * 4
+    assert clock.slept == pytest.approx([0.1, 0.1])  # the two past the burst waited
