@@ -24,16 +24,28 @@ CLUSTER_GROUPS = (
     ("local_cluster", "local-cluster"),
     ("kube", "control-plane"),
 )
-"""The first session fixture a test uses, in this order, names its group."""
+"""The session fixture that starts each group's cluster. A test declares its group with
+``@pytest.mark.cluster_group(NAME)`` (usually once per module, in ``pytestmark``); the
+first of these fixtures it uses, in this order, must be its group's, so that no process
+starts a second group's cluster."""
 OTHER_GROUP = "kafka-spark"
 GROUPS = (*(group for _, group in CLUSTER_GROUPS), OTHER_GROUP)
 
 
-def cluster_group(fixtures: set[str]) -> str:
+def fixture_group(fixtures: set[str]) -> str:
+    """The group whose cluster the first group fixture a test uses belongs to."""
     for fixture, group in CLUSTER_GROUPS:
         if fixture in fixtures:
             return group
     return OTHER_GROUP
+
+
+def declared_group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("cluster_group")
+    if marker is None:
+        return None
+    (group,) = marker.args
+    return str(group)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,12 +57,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = []
+    for item in items:
+        if item.get_closest_marker("integration") is None:
+            continue
+        declared = declared_group(item)
+        used = fixture_group(set(getattr(item, "fixturenames", ())))
+        if declared not in GROUPS:
+            wrong.append(f"{item.nodeid}: no cluster_group marker (one of {', '.join(GROUPS)})")
+        elif declared != used:
+            wrong.append(
+                f"{item.nodeid}: declares cluster group {declared} but its fixtures start {used}'s cluster"
+            )
+    if wrong:
+        raise pytest.UsageError(
+            "integration tests with a wrong cluster group:\n" + "\n".join(wrong)
+        )
     wanted = config.getoption("--cluster-group")
     if wanted is None:
         return
     keep, drop = [], []
     for item in items:
-        group = cluster_group(set(getattr(item, "fixturenames", ())))
+        group = declared_group(item) or OTHER_GROUP
         (keep if group == wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -43,7 +43,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 DAY_MS = 24 * 3_600_000
 

@@ -19,7 +19,7 @@ from dedup_contract import names
 from dedup_local.chart import CHART, INSTALL_YAML, helm, install_yaml, template
 from dedup_local.paths import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 MONITORING = CHART / "ci" / "namespaced-monitoring-values.yaml"
 VALUE_SETS = {"default": (), "namespaced-monitoring": (MONITORING,)}

@@ -27,7 +27,7 @@ from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import get_pipeline, running_operator, wait_for
 from support.pipelines import pipeline_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 MONITORING = CHART / "ci" / "namespaced-monitoring-values.yaml"
 

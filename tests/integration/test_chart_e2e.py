@@ -40,7 +40,7 @@ from support.pipeline_traffic import (
 )
 from support.pipelines import cluster_pipeline_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 RELEASE, NAMESPACE = "dedup-operator", "dedup-system"
 

@@ -18,7 +18,7 @@ from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.pipeline_traffic import lose_a_node_during_traffic, topics
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 
 def test_node_loss_moves_a_containerised_worker_with_its_volume(

@@ -47,7 +47,7 @@ from support.operator_helpers import (
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, produce
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 NAME = "ctl"
 PARTITIONS = 2

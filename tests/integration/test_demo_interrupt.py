@@ -26,7 +26,7 @@ from dedup_local.cluster.runtime import CONTAINER_LABEL
 from dedup_local.image import podman
 from dedup_local.paths import REPO_ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 def _start_time(pid: int) -> str | None:

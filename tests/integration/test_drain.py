@@ -34,7 +34,11 @@ from support.pipeline_traffic import (
     wait_published,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 
 def test_a_drained_node_hands_its_partition_over_as_planned(

@@ -39,7 +39,11 @@ from support.pipeline_traffic import (
     wait_untainted,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 SHUTDOWN = "node.cloudprovider.kubernetes.io/shutdown"

@@ -27,7 +27,7 @@ from dedup_local.paths import free_port
 from dedup_operator.desired.audit import APPLICATION_FILE
 from support.worker_helpers import event, output_ids, produce, read_committed, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 ENTRY_POINTS = ("dedup-worker", "dedup-operator", "dedup-reconcile", "dedup-backfill")
 

@@ -28,7 +28,7 @@ from confluent_kafka import (
 from dedup_local.kafka import KafkaBroker
 from support.kafka_fixtures import NewTopic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 def txn_producer(kafka: KafkaBroker, **extra: Any) -> Producer:

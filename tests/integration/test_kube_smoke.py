@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from dedup_local.paths import versions
 from support.kube_fixtures import KubeCluster, KubeNamespace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 GROUP, VERSION, PLURAL = "dedup.io", "v1alpha1", "deduppipelines"
 

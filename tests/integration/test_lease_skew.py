@@ -52,7 +52,7 @@ from support.fencing_helpers import (
 from support.kube_fixtures import KubeNamespace
 from support.worker_helpers import output_ids, start_worker, unique, worker_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from dedup_local.kafka import KafkaBroker
 from support.cluster_fixtures import ClusterNamespace
 from support.operator_helpers import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("local-cluster")]
 
 PROJECT_IMAGE = "dedup-operator:dev"
 
@@ -410,6 +410,7 @@ def _describe(pid: int) -> str:
     return f"{pid}: {cmdline[:200]}"
 
 
+@pytest.mark.cluster_group("kafka-spark")
 def test_no_process_left_after_stop() -> None:
     cluster = LocalCluster(nodes=1, timings=ClusterTimings.fast())
     with cluster:

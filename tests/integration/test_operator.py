@@ -32,7 +32,7 @@ from support.operator_helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 def pipeline_body(
@@ -67,6 +67,7 @@ def listed(ns: KubeNamespace, kind: str, pipeline: str) -> list[str]:
     return sorted(i.metadata.name for i in items)
 
 
+@pytest.mark.cluster_group("kafka-spark")
 def test_cli_exit_codes(tmp_path: Path) -> None:
     usage = subprocess.run([*operator_command(), "--interval", "0"], capture_output=True, text=True)
     assert usage.returncode == 2 and "--interval" in usage.stderr

@@ -33,7 +33,7 @@ from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 CLUSTER_WIDE = (
     "/api/v1/nodes",

@@ -41,7 +41,7 @@ from support.pipeline_traffic import (
     topics,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 PARTITIONS = 3
 OUTAGE_S = 30.0

@@ -51,7 +51,11 @@ from support.pipeline_traffic import (
 )
 from support.worker_helpers import output_ids
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(

@@ -38,7 +38,7 @@ from support.operator_helpers import (
 )
 from support.simulated_kubelets import LEASE_S, Kubelets, entry, pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from dedup_operator.leader import LEASE_NAME
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import running_operator, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 def test_leader_and_standby_are_both_live_and_ready(

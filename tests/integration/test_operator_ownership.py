@@ -23,7 +23,11 @@ from support.operator_helpers import condition, get_pipeline, running_operator, 
 from support.ownership_pipeline import output_id, produce
 from support.pipeline_traffic import create_pipeline, pipeline_body, ready_pipeline, topics
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 
 def published(bootstrap: str, topic: str) -> Counter[str]:

@@ -26,7 +26,11 @@ from support.operator_helpers import condition, events, get_pipeline, running_op
 from support.pipeline_traffic import create_pipeline, pipeline_body, ready_pipeline, topics
 from support.worker_helpers import event, output_ids
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 PARTITIONS = 2
 

@@ -48,7 +48,11 @@ from support.operator_helpers import (
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import event, produce, read_committed
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_crds")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("local_crds"),
+    pytest.mark.cluster_group("local-cluster"),
+]
 
 SPARK_OPERATOR_CRDS = Path(__file__).resolve().parents[1] / "support" / "spark_operator_crds.yaml"
 NEVER = "0 0 1 1 *"  # once a year: no tick during a test

@@ -37,7 +37,7 @@ from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
 from support.simulated_kubelets import Kubelets, entry, pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture

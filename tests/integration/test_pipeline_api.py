@@ -14,7 +14,7 @@ import yaml
 from dedup_operator.spec import PipelineSpec
 from support.kube_fixtures import KubeCluster, KubeNamespace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 DELETE = object()
 

@@ -38,7 +38,7 @@ from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, 
 from support.kube_fixtures import KubeNamespace
 from support.worker_helpers import event, produce, run_until_consumed, unique, worker_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 HOUR = 3_600_000
 PARTITIONS = 4
@@ -552,6 +552,7 @@ def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.cluster_group("control-plane")
 def test_the_command_fails_the_audit_with_exit_1_and_publishes_the_summary(
     kafka: KafkaBroker, kube_namespace: KubeNamespace, tmp_path: Path
 ) -> None:

@@ -43,7 +43,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 
 def _without_owner(body: dict[str, Any]) -> dict[str, Any]:

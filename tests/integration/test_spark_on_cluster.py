@@ -17,7 +17,7 @@ from dedup_local.spark_pods import PROJECT_IMAGE, driver_pod, grant_driver, run_
 from support.cluster_fixtures import ClusterNamespace
 from support.worker_helpers import event, produce, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 
 def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(

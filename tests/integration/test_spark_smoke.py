@@ -17,7 +17,7 @@ from dedup_spark.placement import slot_keys, spark_hash_int
 from dedup_spark.source import KafkaSource, content_digest, read_topic
 from support.kafka_fixtures import NewTopic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 def test_spark_reads_exactly_the_committed_records(

@@ -29,7 +29,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from support.fencing_helpers import (
 )
 from support.worker_helpers import output_ids, start_worker, unique, worker_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 LEASE_S = 5  # renew deadline 3.3 s: paused well within the outage
 OUTAGE_S = 30.0

@@ -33,7 +33,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.cluster_group("kafka-spark")]
 
 RECORDS = 200_000
 DUPLICATE_SHARE = 0.05

@@ -36,7 +36,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 @pytest.fixture

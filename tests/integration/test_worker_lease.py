@@ -48,7 +48,7 @@ from support.worker_helpers import (
     worker_config,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture
@@ -356,6 +356,7 @@ def test_token_waits_out_an_older_epochs_hold_and_is_refused_a_newer_one(
         token(kube_namespace, "p1", 1).acquire(timeout_s=10)
 
 
+@pytest.mark.cluster_group("kafka-spark")
 def test_worker_that_cannot_reach_the_api_server_at_start_exits_fenced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,7 +26,7 @@ from dedup_worker.config import WorkerConfig
 from support.fencing_helpers import log_records, tail, wait_committed, wait_exit
 from support.worker_helpers import event, output_ids, produce, start_worker, unique, worker_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 Record = dict[str, Any]
 

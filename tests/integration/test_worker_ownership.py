@@ -40,7 +40,7 @@ from support.ownership_pipeline import (
 )
 from support.worker_helpers import start_worker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
 
 def test_round_robin_producer_every_id_once_across_the_output(kafka: Any, tmp_path: Path) -> None:
