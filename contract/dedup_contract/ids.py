@@ -99,14 +99,15 @@ class IdSpec:
     field: str = "messageId"
 
     def __post_init__(self) -> None:
+        # worded as "<part> ...": the operator prefixes "messageId.", the worker its flag
         if self.source not in ID_SOURCES:
             raise ValueError(
-                f"id source must be one of {', '.join(ID_SOURCES)}, not {self.source!r}"
+                f"source {self.source!r} is not an id source: one of {', '.join(ID_SOURCES)}"
             )
         if self.source != "key" and not self.field:
-            raise ValueError(f"id source {self.source} needs a non-empty field")
+            raise ValueError(f"field is required when source is {self.source}")
         if self.source == "jsonField" and "" in self.field.split("."):
-            raise ValueError(f"JSON path {self.field!r} has an empty segment")
+            raise ValueError(f"field: JSON path {self.field!r} has an empty segment")
 
     @property
     def path(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 from dedup_contract import names
-from dedup_contract.ids import ID_SOURCES, IdSource
+from dedup_contract.ids import IdSource, IdSpec
 from dedup_contract.kafka_settings import unreadable_setting
 from dedup_contract.window import parse_duration_ms
 from dedup_operator.failover import FailoverPolicy, ReleaseVolume
@@ -153,9 +153,9 @@ class StorageSpec:
 
 @dataclass(frozen=True)
 class FailoverSpec:
-    # Defaults (the CRD's; README "Timings"): a node is lost after two missed node-Lease
-    # renewals (the kubelet renews every 10 s), well before the node lifecycle controller's
-    # 40-50 s grace; a false alarm is harmless (the worker keeps its own Lease, nothing is
+    # Defaults (the CRD's; docs/operations.md#failover, "Timings"): a node is lost after
+    # two missed node-Lease renewals (the kubelet renews every 10 s), well before the node
+    # lifecycle controller's 40-50 s grace; a false alarm is harmless (the worker keeps its own Lease, nothing is
     # fenced, the handover is cancelled). The partition Lease: renewed every 5 s, held for
     # 10 s by the worker, run out for others after 15 s unchanged on their own clock.
     node_lost_after: timedelta = timedelta(seconds=20)
@@ -282,11 +282,12 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
 
     m = spec["messageId"]
     source = str(m["source"])
-    if source not in ID_SOURCES:
-        raise SpecError(f"messageId.source must be one of {', '.join(ID_SOURCES)}, not {source!r}")
-    if source != "key" and not m.get("field"):
-        raise SpecError("messageId.field is required when source is jsonField or header")
-    message_id = MessageIdSpec(source, str(m.get("field") or MessageIdSpec.field))  # type: ignore[arg-type]
+    field = str(m.get("field") or ("" if source != "key" else MessageIdSpec.field))
+    try:  # the worker's own rules (one owner), told in the spec's terms
+        IdSpec(source, field)  # type: ignore[arg-type]
+    except ValueError as invalid:
+        raise SpecError(f"messageId.{invalid}") from None
+    message_id = MessageIdSpec(source, field)  # type: ignore[arg-type]
 
     w = spec["window"]
     window = WindowSpec(duration=w.get("duration"), max_keys=w.get("maxKeys"))

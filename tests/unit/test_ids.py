@@ -187,7 +187,7 @@ def test_id_spec_validation() -> None:
     assert NESTED.path == ("meta", "id")
     with pytest.raises(ValueError, match="id source"):
         IdSpec("body", "x")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="non-empty field"):
+    with pytest.raises(ValueError, match="field is required when source is header"):
         IdSpec("header", "")
     with pytest.raises(ValueError, match="empty segment"):
         IdSpec("jsonField", "meta..id")

@@ -158,6 +158,11 @@ def test_quantities(text: str, value: float) -> None:
         ({"window": {}}, "window needs duration or maxKeys"),
         ({"window": {"duration": "1.5h"}}, "window.duration: not a duration"),
         ({"messageId": {"source": "header"}}, "messageId.field is required"),
+        # the worker's rule (one owner, dedup_contract.ids.IdSpec), told in the spec's terms
+        (
+            {"messageId": {"source": "jsonField", "field": "meta..id"}},
+            "messageId.field: JSON path 'meta..id' has an empty segment",
+        ),
         ({"storage": {"size": "lots"}}, "storage.size: 'lots' is not a quantity"),
         ({"failover": {"leaseDuration": "500ms"}}, "failover.leaseDuration must be at least 1s"),
         ({"partitions": None}, "spec of ns/events"),

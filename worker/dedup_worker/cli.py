@@ -1,4 +1,4 @@
-"""`dedup-worker`: run one partition's exactly-once deduplication.
+"""`dedup-worker`: run one worker's exactly-once deduplication (docs/worker.md).
 
 Every flag can also come from an environment variable (named in --help), which is how the
 operator configures worker pods. Runs standalone against any Kafka: no Kubernetes needed.
@@ -55,10 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dedup-worker",
         description=(
-            "Deduplicate one Kafka partition exactly once: read input partition P, drop ids "
-            "already published within the window (kept in a RocksDB store), and publish the "
-            "rest to output partition P in Kafka transactions. Malformed records go to the "
-            "dead-letter topic with a reason."
+            "Deduplicate one worker's share of a Kafka topic exactly once. Under ownership "
+            "(--owned-topic, --workers W) worker w (--partition) reads every input partition "
+            "i with i % W == w and every partition q of the internal topic with q % W == w, "
+            "forwards each record whose id another worker owns to that owner's internal "
+            "partition, drops ids already published within the window (kept in a RocksDB "
+            "store), and publishes the ids it owns to output partition w, in Kafka "
+            "transactions. Without --owned-topic it reads input partition P and publishes to "
+            "output partition P. Malformed records go to the dead-letter topic with a reason."
         ),
         epilog=(
             "Every option can be set by environment variable DEDUP_<OPTION> (upper case, "
@@ -211,7 +215,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         namespace=args.namespace,
         consumer_group=args.consumer_group or default_consumer_group(args.pipeline),
         store_path=Path(args.store_path),
-        id_spec=IdSpec(source=args.id_source, field=args.id_field),
+        id_spec=_id_spec(args.id_source, args.id_field),
         window=window,
         batch_size=_int(args.batch_size, "batch-size"),
         linger_ms=_int(args.linger_ms, "linger-ms"),
@@ -227,6 +231,14 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         ownership_switch=args.ownership_switch == "true",
         lease=lease,
     )
+
+
+def _id_spec(source: str, field: str) -> IdSpec:
+    """The id rules (the contract's), with an error in the flags' terms."""
+    try:
+        return IdSpec(source=source, field=field)  # type: ignore[arg-type]
+    except ValueError as invalid:
+        raise ValueError(f"--id-{invalid}") from None
 
 
 def arguments(config: WorkerConfig) -> list[str]:
