@@ -1,6 +1,7 @@
-# One image with every entry point: dedup-worker, dedup-operator, dedup-reconcile,
-# dedup-backfill, dedupctl; `dedup-entrypoint driver|executor` makes it a Spark image too
-# (as Spark's own image does). What production runs and nothing else: no test harness.
+# One image with every entry point: dedup-worker, dedup-operator, dedup-audit (and its old
+# name dedup-reconcile), dedup-backfill, dedupctl; `dedup-entrypoint driver|executor`
+# makes it a Spark image too (as Spark's own image does). What production runs and
+# nothing else: no test harness.
 #
 # - Non-root: UID/GID 65532 (user `dedup`, home /home/dedup), the same UID the operator
 #   puts in the pods' securityContext (dedup_contract.names.RUN_AS_USER).
@@ -49,6 +50,7 @@ COPY contract ./contract
 COPY operator ./operator
 COPY worker ./worker
 COPY spark ./spark
+COPY ctl ./ctl
 RUN /opt/dedup/bin/pip install --no-deps . \
  && /opt/dedup/bin/python -m compileall -q /opt/dedup/lib
 

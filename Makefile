@@ -31,7 +31,7 @@ setup-image: setup-python
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/ownership.py bench/worker_throughput.py bench/restart.py bench/reconcile.py bench/failover.py bench/rebuild.py bench/capacity.py
+	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/ownership.py bench/worker_throughput.py bench/restart.py bench/audit.py bench/failover.py bench/rebuild.py bench/capacity.py
 
 test: setup lint
 	@bash scripts/test.sh
@@ -50,7 +50,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 bench: setup
-	@$(PY) bench/store.py && $(PY) bench/ownership.py && $(PY) bench/worker_throughput.py && $(PY) bench/restart.py && $(PY) bench/reconcile.py && $(PY) bench/failover.py
+	@$(PY) bench/store.py && $(PY) bench/ownership.py && $(PY) bench/worker_throughput.py && $(PY) bench/restart.py && $(PY) bench/audit.py && $(PY) bench/failover.py
 
 clean-cache:
 	rm -rf "$(DEDUP_CACHE)"

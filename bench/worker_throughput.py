@@ -422,7 +422,8 @@ def start_child(
 ) -> subprocess.Popen[str]:
     """A worker process of its own (`partition_child`) on `partition` of `name`'s topics:
     it holds none of the bench's workload (a worker in a pod holds only its own state;
-    the bench's records in the same process cost ours ~13% at 2M, bench/README.md), as
+    the bench's records in the same process cost ours ~13% at 2M, bench/HISTORY.md,
+    "Ours in a process of its own"), as
     each peer runs in a process of its own too."""
     spec = "|".join([bootstrap, name, str(partition), str(records), str(store), str(batch_size)])
     return subprocess.Popen(

@@ -35,6 +35,6 @@ log "python: installing project [$extras] (first time downloads pyspark, ~400 MB
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --progress-bar off -e "$REPO_ROOT[$extras]" 2>&1 | grep -vE '^(Requirement already satisfied|  )' >&2 || true
 harness_path
-"$VENV/bin/python" -c "import dedup_contract, dedup_worker, dedup_operator, dedup_spark, dedup_local, dedup_contract._murmur2" || die "project import failed"
+"$VENV/bin/python" -c "import dedup_contract, dedup_worker, dedup_operator, dedup_spark, dedupctl, dedup_local, dedup_contract._murmur2" || die "project import failed"
 echo "$want:$extras:$REPO_ROOT" > "$STAMP"
 log "python: ready"

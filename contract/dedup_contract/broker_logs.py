@@ -2,20 +2,19 @@
 
 librdkafka logs every failed connection attempt at ERROR ("Connect to ipv4#10.0.0.7:9092
 failed: Connection refused"), so a broker restarting for a few seconds, or one broker of
-several being down, used to leave ERROR lines in every worker's log. The rule: such a
-line is a WARNING while librdkafka has at least one broker up, or while all its brokers
-have been down for less than the grace period (30 s); beyond that it stays an ERROR.
+several being down, would leave ERROR lines in every worker's log. The rule: such a line
+is a WARNING while librdkafka has at least one broker up, or while all its brokers have
+been down for less than the grace period (30 s); beyond that it stays an ERROR.
 
 `BrokersDown` is the rule, pure (every time is passed in, in milliseconds).
 `ConnectionLog` feeds it from one client's own reports and passes that client's log lines
 on to the ``librdkafka`` logger at the level the rule gives:
 
-* **all brokers down**: librdkafka's `_ALL_BROKERS_DOWN` error (error_cb), sent when
-  its last broker connection goes down, or a statistics report (stats_cb) in which no
-  broker connection is UP;
-* **a broker up**: a statistics report in which a broker connection is UP (the state
-  librdkafka keeps for each connection), or a request that succeeded (the producer's
-  committed transaction);
+* **all brokers down**: librdkafka's `_ALL_BROKERS_DOWN` error (error_cb), sent when its
+  last broker connection goes down, or a statistics report (stats_cb) with no broker
+  connection UP;
+* **a broker up**: a statistics report with a broker connection UP (librdkafka's state
+  for each connection), or a request that succeeded (the producer's committed transaction);
 * **how long down**: from the first connection failure after the last proof of a broker
   up. Not from `_ALL_BROKERS_DOWN` itself: a client whose idle connections the broker
   closed has all brokers "down" for hours without any failure, and a restart of the

@@ -1,31 +1,28 @@
 """The worker's id window on disk: RocksDB (rocksdict) with one column family per generation.
 
-Layout (one RocksDB per input partition, on the partition's volume):
+Layout (one RocksDB per worker, on its volume): column family ``default`` holds metadata
+only -- format version, owner, the applied input and output offsets, and one record per
+live generation (see ``window.Generation``); each column family ``gen-<number>`` holds
+the 16-byte id keys (``ids.id_key``) of one generation, with empty values.
 
-* column family ``default``: metadata only -- format version, owner, the applied input
-  and output offsets, and one record per live generation (see ``window.Generation``);
-* column family ``gen-<number>``: the 16-byte id keys (``ids.id_key``) of one
-  generation, with empty values.
+Why generations (``bench/store.py`` at 10M ids; bench/HISTORY.md, "Why generations"):
+expiry drops a whole column family, which deletes its files: no tombstones, no scan, no
+compaction debt and no expiry index. An id costs its 16-byte key plus RocksDB overhead,
+17.6 bytes on disk after compaction (zstd at the bottommost level compresses away the
+zeroed sequence numbers), where one key per id plus a sequence index deleted oldest
+first took 47.4, 3.7 s instead of 25 ms to expire 1/8 of the window, and 40% slower
+lookups over its tombstones. The price: a miss is a bloom probe in every live
+generation, so there are few of them (``StoreConfig.generations``, 4: half as many
+probes as 8, 30% more lookups/s at half hits) and the window is coarse by
+``1/generations`` (see ``window.py``).
 
-Why generations (measured by ``bench/store.py`` at 10M ids, see ``bench/README.md``):
-expiry drops a whole column family, which deletes its files: no tombstones, no scan,
-no compaction debt and no expiry index, so an id costs its 16-byte key plus RocksDB
-overhead, 17.6 bytes on disk after compaction (zstd at the bottommost level compresses
-away the zeroed sequence numbers). The straightforward design -- one key per id plus
-a sequence index deleted oldest first -- took 47.4 bytes per id, 3.7 s instead of
-25 ms to expire 1/8 of the window, and its lookups slowed by 40% over the tombstones.
-The price: a miss is a bloom probe in every live generation, so there are few of
-them (``StoreConfig.generations``, 4: half as many probes as 8, 30% more lookups/s
-at half hits) and the window is coarse by ``1/generations`` (see ``window.py``).
-
-Consistency: ``record_batch`` writes ids, generation records and offsets in one
-atomic write batch (WAL on, not fsynced: after a power loss the store is an older
-but consistent state, and the worker's catch-up from the output topic repairs it).
-Expiry and reset fsync their metadata change before dropping column families, and
-open reconciles the two (column families not in the metadata are dropped).
-
-A ``Store`` is not thread-safe: one worker thread owns it. Inside, ``contains_many``
-shares large batches with its own lookup threads (read-only; see ``StoreConfig``).
+Consistency: ``record_batch`` writes ids, generation records and offsets in one atomic
+write batch (WAL on, not fsynced: after a power loss the store is an older but
+consistent state, repaired by the worker's catch-up from the output topic). Expiry and
+reset fsync their metadata change before dropping column families, and open reconciles
+the two (column families not in the metadata are dropped). A ``Store`` is not
+thread-safe: one worker thread owns it; inside, ``contains_many`` shares large batches
+with its own lookup threads (read-only; see ``StoreConfig``).
 """
 
 from __future__ import annotations
@@ -743,7 +740,7 @@ def _family_options(config: StoreConfig, cache: Cache, *, write_buffer_bytes: in
         table.set_bloom_filter(config.bloom_bits_per_key, False)
     # Index and filter blocks stay with their table readers, outside the cache: with them
     # in a 64 MiB cache, data blocks evicted the multi-megabyte filters and lookups fell
-    # from ~165k/s to ~20-45k/s at 10M ids (bench notes in bench/README.md).
+    # from ~165k/s to ~20-45k/s at 10M ids (bench/HISTORY.md, "Store").
     table.set_cache_index_and_filter_blocks(False)
     # 2 KiB blocks: a hit decompresses half as much; +0.3 bytes/id, +20% lookups at 10M.
     table.set_block_size(2048)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .kube import kube_binaries
+from .control_plane import kube_binaries
 from .paths import REPO_ROOT, cache_dir
 
 CHART = REPO_ROOT / "charts" / "dedup-operator"

@@ -2,24 +2,19 @@
 
 1. starts a real Kafka broker and the local cluster (etcd, kube-apiserver, the real
    controllers and scheduler, three nodes whose agents run pods in containers from the
-   project's image built from the Dockerfile, volumes from a pool that outlive nodes),
-   with the DedupPipeline CRD installed, and shows an invalid pipeline refused by the
-   API server;
+   project's image, volumes from a pool that outlive nodes) with the DedupPipeline CRD
+   installed, and shows an invalid pipeline refused by the API server;
 2. creates the pipeline's topics with 3 partitions and produces a backlog of events keyed
-   by message id, with duplicates near and far (a retry lands on any partition, as from a
-   producer keyed by something else: its owner gets it forwarded) and a few malformed
-   records;
-3. installs the operator with Helm from charts/dedup-operator, as a user would (two
-   operator pods from the image, the chart's ServiceAccount and RBAC), and applies
-   `examples/events-pipeline.yaml` with kubectl (pointed at the local broker, image and
-   storage class, with short failover timings and a scheduled audit);
-4. streams more events at a steady rate while a monitor prints, every two seconds, the
-   pipeline's phase, records in/out, duplicates dropped, dead letters and each
-   partition's lag and input rate (what `dedupctl status` reads: status and the
-   workers' /metrics);
+   by message id, with duplicates near and far (a retry lands on any partition: its owner
+   gets it forwarded) and a few malformed records;
+3. installs the operator with Helm from charts/dedup-operator, as a user would, and
+   applies `examples/events-pipeline.yaml` with kubectl (pointed at the local broker,
+   image and storage class, with short failover timings and a scheduled audit);
+4. streams more events while a monitor prints, every two seconds, what `dedupctl status`
+   reads (the pipeline's phase, records in/out, duplicates, dead letters, each
+   partition's lag and input rate);
 5. mid-stream, kills the node running partition 0 and prints each step of the handover
-   as the operator records it (fenced, released, detached, started, ready: seconds after
-   its decision);
+   as the operator records it;
 6. runs the audit through the operator's schedule (`dedupctl audit --now`), reads the
    output back with an independent read_committed consumer, prints the final table and
    writes a PNG of throughput and lag per partition with the failover marked.
@@ -27,6 +22,7 @@
 Ctrl-C at any moment stops everything it started (the monitor and producer threads, the
 operator, the cluster's nodes, pods, containers and mounts, the control plane, the
 broker) and exits 130; a second Ctrl-C during that cleanup is ignored so it completes.
+What a run shows, and its timings: docs/development.md, "The demo".
 """
 
 from __future__ import annotations
@@ -48,6 +44,7 @@ from typing import Any, TypeVar
 import yaml
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
+from dedup_contract.handover import STEPS
 from dedup_contract.ids import ID_HEADER
 from dedup_contract.ownership import owner
 from dedup_contract.timefmt import parse_time
@@ -60,8 +57,9 @@ from dedup_local.image import DEV_TAG, ensure_image
 from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.paths import REPO_ROOT, cache_dir
 from dedup_local.pod_health import unhealthy
-from dedup_operator import ctl, ctl_view
 from dedup_worker.loop import DLQ_REASON
+from dedupctl import cli as ctl
+from dedupctl import view as ctl_view
 
 PARTITIONS = 3
 BACKLOG = 6_000  # produced before the operator is installed
@@ -324,7 +322,7 @@ class Monitor:
                     f"partition {q['partition']}: handover started ({h['reason']}): moving "
                     f"from {h['fromPod']} on {h['fromNode'] or '—'}, decided at {decided:.1f}s"
                 )
-            for step in ctl_view.STEPS:
+            for step in STEPS:
                 if step in h["steps"] and step not in told:
                     told.add(step)
                     say(

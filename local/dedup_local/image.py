@@ -9,20 +9,16 @@ the cgroupfs manager and a file events log (no systemd).
 
 Bases. The Dockerfile's bases are build arguments defaulting to the official images,
 which no registry here serves. `ensure_base` makes equivalents from Debian bookworm
-packages with mmdebstrap and `podman import`s them:
+packages with mmdebstrap (python3.11 for python:3.11-slim-bookworm, maven and JDK 17 for
+maven:3.9.9-eclipse-temurin-17), with this machine's CA certificates (its egress
+proxy's) installed first, and `podman import`s them; each is tagged by a hash of its
+recipe and made again only when that changes.
 
-    python  python3.11 + venv, ca-certificates, passwd   (for python:3.11-slim-bookworm)
-    maven   maven + openjdk-17-jdk-headless               (for maven:3.9.9-eclipse-temurin-17)
-
-This machine's own CA certificates (`/usr/local/share/ca-certificates`, its egress
-proxy's) go into the bases before their packages install, as a site's base images carry
-its proxy's CA, so apt, pip and Maven inside the build trust it. Each base is tagged by a
-hash of its recipe and made again only when that changes.
-
-Image. Tagged `localhost/dedup-operator:<hash>`, the hash of its inputs: the Dockerfile,
-.dockerignore, every file the build context holds, and the bases' image ids; built only
-when no image has that tag, then also tagged `localhost/dedup-operator:dev` (what the
-tests' pods name: `dedup-operator:dev`). Older builds are removed.
+Image. Tagged `localhost/dedup-operator:<hash>`, the hash of its inputs (the Dockerfile,
+.dockerignore, every file the build context holds, the bases' image ids); built only when
+no image has that tag, then also tagged `localhost/dedup-operator:dev` (what the tests'
+pods name). Older builds are removed. The packages of each base and the reasons:
+docs/development.md, "The image built here".
 
     python -m dedup_local.image build   # build if needed, print the reference
     python -m dedup_local.image ref     # the current reference (exit 1 if not built)

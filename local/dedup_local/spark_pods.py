@@ -1,7 +1,7 @@
 """Running a Spark driver as a pod on the local cluster (tests and benchmarks).
 
 The driver's ServiceAccount gets the operator's own Role rules for an audit driver
-(`dedup_operator.desired.audit.DRIVER_RULES`), and its pod the identity env
+(`dedup_operator.desired.scheduled_audit.DRIVER_RULES`), and its pod the identity env
 of `dedup_spark.session`. While it runs, `ExecutorWatch` records the executor pods Spark
 creates (it deletes them at the end).
 """
@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client
 
 from dedup_contract.driver_pod import pod_identity_env
-from dedup_operator.desired.audit import DRIVER_RULES, RESULT_VERBS
+from dedup_operator.desired.scheduled_audit import DRIVER_RULES, RESULT_VERBS
 
 from .cluster import LocalCluster
 

@@ -4,8 +4,8 @@ Each reconcile pass of each pipeline needs every Node, every node's heartbeat Le
 `kube-node-lease`) and every VolumeAttachment. Listing them on every pass makes the
 operator's load on the API server grow with nodes times pipelines over the interval. A
 `WatchedKind` lists a kind once and then follows its watch stream (as client-go's
-informers do), so a pass reads them from memory: the requests a pass makes no longer
-grow with the number of nodes.
+informers do), so a pass reads them from memory: the requests a pass makes do not grow
+with the number of nodes.
 
 The protocol, per kind, in one daemon thread:
 
@@ -20,9 +20,9 @@ The protocol, per kind, in one daemon thread:
 `items()` returns None when the kind is not synced, *or when nothing has been heard from
 the server for `STALE_S`* (a connection silently hung: the watch read times out after
 `READ_TIMEOUT_S`; the server ends each watch after `WATCH_S` < `STALE_S`, so a healthy
-stream is heard from at least that often). A caller given None lists directly, as
-before: never decides on data older than it could know. During a control-plane outage
-both fail alike, so a pass abandons as it always did.
+stream is heard from at least that often). A caller given None lists directly: it never
+decides on data older than it could know. During a control-plane outage both fail alike,
+so the pass is abandoned.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The one place an Event's type, reason and message are written: the decide step
 what an action carries and composes nothing. The reasons and message texts are what
 people, alerts and the integration tests read: change them here or nowhere.
 
-A handover's begin and completion Events are named by `failover.handover_events` (a
+A handover's begin and completion Events are named by `handover.handover_events` (a
 failover's, or a planned roll's, drain's or switch's).
 """
 
@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dedup_contract.handover import Release, handover_events
 from dedup_operator.failover import (
     BeginHandover,
     CancelHandover,
     CompleteHandover,
     Decision,
-    Release,
-    handover_events,
 )
 from dedup_operator.status import Condition
 from dedup_operator.topics import OwnedTopicSettings, TopicCheck

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from dedup_contract import faults, names
-from dedup_operator import metrics
+from dedup_contract.handover import READY
+from dedup_operator import operator_metrics
 from dedup_operator.actions import (
     AdoptAuditResult,
     ApplyAuditSchedule,
@@ -52,7 +53,8 @@ from dedup_operator.actions import (
     WriteHandoverRecord,
 )
 from dedup_operator.events import Event
-from dedup_operator.kube import Kube, create_topic, delete_topic
+from dedup_operator.kafka_admin import create_topic, delete_topic
+from dedup_operator.kube import Kube
 from dedup_operator.memory import PipelineMemory
 from dedup_operator.observe import read_topic_facts, topic_check
 from dedup_operator.topics import TopicFacts
@@ -150,9 +152,9 @@ def _adopt_audit_result(action: AdoptAuditResult, acting: Acting) -> None:
 
 def _count_audit_result(action: CountAuditResult, acting: Acting) -> None:
     ns, name = action.namespace, action.name
-    metrics.RECONCILIATIONS.labels(ns, name, "passed" if action.passed else "failed").inc()
-    metrics.RECONCILIATION_DUPLICATES.labels(ns, name).set(action.duplicates)
-    metrics.RECONCILIATION_MISSING.labels(ns, name).set(action.missing)
+    operator_metrics.RECONCILIATIONS.labels(ns, name, "passed" if action.passed else "failed").inc()
+    operator_metrics.RECONCILIATION_DUPLICATES.labels(ns, name).set(action.duplicates)
+    operator_metrics.RECONCILIATION_MISSING.labels(ns, name).set(action.missing)
 
 
 def _remember_audit_unreadable(action: RememberAuditUnreadable, acting: Acting) -> None:
@@ -239,15 +241,15 @@ def _fence_worker_lease(action: FenceWorkerLease, acting: Acting) -> None:
 
 
 def _count_handover_begun(action: CountHandoverBegun, acting: Acting) -> None:
-    metrics.FAILOVERS_STARTED.labels(action.namespace, action.name, action.reason).inc()
+    operator_metrics.FAILOVERS_STARTED.labels(action.namespace, action.name, action.reason).inc()
 
 
 def _count_handover_completed(action: CountHandoverCompleted, acting: Acting) -> None:
     ns, name, p = action.namespace, action.name, str(action.partition)
-    metrics.FAILOVERS.labels(ns, name, action.reason).inc()
-    metrics.FAILOVER_SECONDS.labels(action.reason).observe(action.steps.get("ready", 0.0))
+    operator_metrics.FAILOVERS.labels(ns, name, action.reason).inc()
+    operator_metrics.FAILOVER_SECONDS.labels(action.reason).observe(action.steps.get(READY, 0.0))
     for step_name, at in action.steps.items():
-        metrics.FAILOVER_STEP_SECONDS.labels(ns, name, p, step_name).set(at)
+        operator_metrics.FAILOVER_STEP_SECONDS.labels(ns, name, p, step_name).set(at)
 
 
 # ---------------------------------------------------------------- nodes

@@ -3,80 +3,25 @@
 Pure: no API calls, no clock reads. The operator's reconcile loop observes a partition
 (its pods, their nodes, with every pod bound to a lost node it may taint, its Lease, the
 VolumeAttachments of its volume and the handover in progress recorded in the pipeline's
-status), calls `partition_action`, persists the
-returned handover record *before* acting, and then carries out the one action. Calling it
-again with the same observation returns the same answer, so an operator killed at any
-point resumes from what the cluster holds.
+status), calls `partition_action`, persists the returned handover record *before*
+acting, and then carries out the one action. Calling it again with the same observation
+returns the same answer, so an operator killed at any point resumes from what the
+cluster holds.
 
-A *handover* moves a partition from one worker pod to its successor (epoch + 1). It is
-started by node loss, a failed or vanished pod, or a spec change. After node loss it goes:
-
-1. **fenced**   - the old worker's Lease has run out: the operator has seen it unchanged
-                  for a full duration on its own monotonic clock
-                  (`dedup_contract.lease_clock`, the one expiry rule), so the old worker
-                  (renew deadline < duration, on its own monotonic clock) has stopped
-                  committing. Wall-clock `renewTime`s are never compared across machines;
-                  an operator that restarted has no history and waits a full duration.
-                  The operator then clears the Lease's holder with a compare-and-set on
-                  the resourceVersion it saw unchanged (`FenceLease`): a renewal that came
-                  in between makes the write fail and the wait start again, and once it
-                  succeeds the old worker can never renew again (its re-read names nobody:
-                  fenced) while the next epoch's worker takes the free Lease at once;
-2. **released** - the old pod is gone. How (recorded as the handover's `release`):
-                  - `Graceful`: the old node is Ready again (it healed after its worker
-                    fenced): the old pod is deleted gracefully, the node unmounts and the
-                    volume detaches the normal way, and the Lease is waited for again
-                    (the old pod may have run again meanwhile). A Ready node is never
-                    tainted;
-                  - `OutOfServiceTaint` (policy of that name): the lost node gets the
-                    `node.kubernetes.io/out-of-service` taint (Kubernetes' non-graceful
-                    node shutdown) and the operator force-deletes the pod, as pod GC would
-                    on its next pass; the attach/detach controller detaches at once. Only
-                    when every pod on the node that the taint would evict (DaemonSet and
-                    mirror pods, pods tolerating it and finished pods aside) is a dedup
-                    worker whose Lease has run out: the taint force-detaches every volume
-                    on the node, and only our Lease proves a writer has stopped. While
-                    such workers (other partitions, other pipelines) still hold their
-                    Leases the operator waits for them. Or when the node is **shut down**:
-                    the cloud provider's `node.cloudprovider.kubernetes.io/shutdown` taint
-                    is on it (the cloud node lifecycle controller sets it once the instance
-                    is stopped, and only after the node is NotReady): nothing runs there
-                    any more, so other workloads no longer block the taint (it evicts what
-                    Kubernetes would recreate elsewhere anyway); dedup workers there must
-                    still have their Leases run out (the double fence is the same);
-                  - `TaintBlocked`: the policy is OutOfServiceTaint but another workload
-                    runs on the node (or its pods could not be listed): no taint; the
-                    operator force-deletes only its own pod and waits for the attach/detach
-                    controller's own force-detach (6 minutes), naming the blocking pods.
-                    If the shutdown taint appears while it waits (the node turns NotReady
-                    after the operator decided), the node is tainted then after all
-                    (released by `OutOfServiceTaint`), so the wait is that much shorter;
-                  - `WaitForDetach` (policy): the same without looking for a taint (and
-                    whatever the policy, when the Node object was deleted);
-                  - `External` (policy): the operator never taints; it waits for someone
-                    else's out-of-service taint (a node remediation controller, a person),
-                    then force-deletes its pod. Degraded after `detach_timeout`.
-                  A node the operator taints is marked with the pipelines relying on the
-                  taint; it lifts only its own mark, and the taint with the last one;
-3. **detached** - no VolumeAttachment of the partition's volume is left anywhere; the
-                  replacement is never created before that (ReadWriteOnce);
-4. **started**  - the replacement pod (next epoch, away from the lost node) is created; one
-                  the scheduler cannot place for `schedule_timeout` makes the pipeline
-                  Degraded with the scheduler's reason (the operator keeps waiting);
-5. **ready**    - the replacement is Running and Ready: the handover completes.
-
-On a healthy node (a failed pod, a spec change) steps 1 and 2 swap: the old pod is
-deleted gracefully first (the worker finishes its batch and gives up its Lease on
-SIGTERM), then its Lease must be free or have run out.
-
-**Node loss** is judged from the node's own heartbeat, its Lease in `kube-node-lease`
-(the kubelet renews it every 10 s): lost once the operator has seen it unchanged for
-`node_lost_after` on its own clock (`NodeView.heartbeat_age`). Only where the node's
-Lease cannot be read does the Ready condition decide (flipped by the node lifecycle
-controller after its grace period, 40-50 s). **Full disruption**: when every node of the
-cluster is lost at once, that is the control plane or the operator's view of it, not the
-nodes (the node lifecycle controller stops evicting then, too): no node-loss handover
-starts, and none taints a node, until some node heartbeats again.
+A *handover* moves a partition from one worker pod to its successor (epoch + 1), started
+by node loss, a failed or vanished pod, or a spec change. After node loss it goes:
+**fenced** (the old Lease run out on the operator's own monotonic clock,
+`dedup_contract.lease_clock`, then its holder cleared by a compare-and-set: `FenceLease`),
+**released** (the old pod gone; how, as the handover's `release`: `Graceful`,
+`OutOfServiceTaint`, `TaintBlocked`, `WaitForDetach` or `External`), **detached** (no
+VolumeAttachment of its volume left: ReadWriteOnce), **started** (the next epoch's pod,
+away from the lost node; Degraded after `schedule_timeout` unscheduled) and **ready**. On
+a healthy node (a failed pod, a spec change) the first two swap: the pod is deleted
+gracefully, then its Lease must be free or have run out. Node loss is the node's
+heartbeat Lease unchanged for `node_lost_after` (`NodeView.heartbeat_age`; the Ready
+condition only where that Lease cannot be read); when every node is lost at once (full
+disruption) no node-loss handover starts and no node is tainted. Every step, rule and
+reason: docs/design.md, "A handover, step by step".
 """
 
 from __future__ import annotations
@@ -85,16 +30,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
 from dedup_contract import lease_clock
+from dedup_contract.handover import (
+    DETACHED,
+    EVICTS,
+    FENCED,
+    FORCE_DETACH,
+    READY,
+    RELEASED,
+    STARTED,
+    HandoverReason,
+    Release,
+    taint_blocked_why,
+)
 from dedup_contract.timefmt import format_time_exact, parse_rfc3339
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 # Set by the cloud node lifecycle controller on a NotReady node whose instance the cloud
 # provider reports shut down (removed when the instance runs again).
 SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
-STEPS = ("fenced", "released", "detached", "started", "ready")
 
 
 class ReleaseVolume(StrEnum):
@@ -103,53 +59,6 @@ class ReleaseVolume(StrEnum):
     OUT_OF_SERVICE_TAINT = "OutOfServiceTaint"
     WAIT_FOR_DETACH = "WaitForDetach"
     EXTERNAL = "External"
-
-
-class Release(StrEnum):
-    """How a handover's old pod was (or is being) released: see the module docstring."""
-
-    GRACEFUL = "Graceful"
-    OUT_OF_SERVICE_TAINT = "OutOfServiceTaint"
-    TAINT_BLOCKED = "TaintBlocked"
-    WAIT_FOR_DETACH = "WaitForDetach"
-    EXTERNAL = "External"
-
-
-class HandoverReason(StrEnum):
-    NODE_LOST = "NodeLost"
-    POD_FAILED = "PodFailed"
-    POD_GONE = "PodGone"
-    # Planned: the worker's pod went away (evicted by `kubectl drain`, or deleted) while
-    # its node was cordoned; the worker stopped cleanly and released its Lease.
-    NODE_DRAINED = "NodeDrained"
-    SPEC_CHANGED = "SpecChanged"
-    # Planned: every worker of an OwnershipOff pipeline is stopped and fenced, then all
-    # start under ownership (`dedup_operator.ownership`: no replacement starts before
-    # every partition's old worker is gone).
-    OWNERSHIP_SWITCH = "OwnershipSwitch"
-
-    @property
-    def planned(self) -> bool:
-        """Asked for (a spec change rolled, a node drained), not a fault: not counted as
-        a failover, told by Normal Events."""
-        return self in PLANNED_EVENTS
-
-
-# How a handover is told in Events: (type, reason when it begins, when it completes).
-FAILOVER_EVENTS: Final = ("Warning", "FailoverStarted", "FailoverCompleted")
-PLANNED_EVENTS: Final = {
-    HandoverReason.SPEC_CHANGED: ("Normal", "RollStarted", "RollCompleted"),
-    HandoverReason.NODE_DRAINED: ("Normal", "DrainStarted", "DrainCompleted"),
-    HandoverReason.OWNERSHIP_SWITCH: ("Normal", "WorkerSwitchStarted", "WorkerSwitchCompleted"),
-}
-
-
-def handover_events(reason: HandoverReason | str | None) -> tuple[str, str, str]:
-    """The Events of a handover of `reason` (a failover's when it is not a planned one)."""
-    for planned, told in PLANNED_EVENTS.items():
-        if reason == planned:
-            return told
-    return FAILOVER_EVENTS
 
 
 @dataclass(frozen=True)
@@ -532,11 +441,11 @@ def _continue_handover(
     successors = [p for p in obs.pods if p.epoch > h.from_epoch]
     if successors:
         new = max(successors, key=lambda p: p.epoch)
-        h = h.mark("started", now)
+        h = h.mark(STARTED, now)
         if new.phase == "Running" and new.ready and not new.deleting:
-            return Decision(CompleteHandover(h.mark("ready", now), new.name), None)
+            return Decision(CompleteHandover(h.mark(READY, now), new.name), None)
         if new.node is None and new.unschedulable is not None:
-            created = h.started + timedelta(seconds=h.steps["started"])
+            created = h.started + timedelta(seconds=h.steps[STARTED])
             return _unschedulable(obs, new, created, h, policy, now)
         return Decision(Steady(waiting_for=f"replacement {new.name} to be Ready"), h)
 
@@ -544,7 +453,7 @@ def _continue_handover(
     back = obs.nodes.get(h.from_node) if h.from_node else None
     if (
         h.reason == HandoverReason.NODE_LOST
-        and "fenced" not in h.steps
+        and FENCED not in h.steps
         and back is not None
         and back.up
     ):
@@ -557,7 +466,7 @@ def _continue_handover(
         unfenced = _until_fenced(obs, now)
         if unfenced is not None:
             return Decision(unfenced, h)
-        h = h.mark("fenced", now)
+        h = h.mark(FENCED, now)
         # 2. released: the old pods are gone.
         if old:
             if back is not None and back.up:
@@ -571,7 +480,7 @@ def _continue_handover(
             if full_disruption(obs.nodes, policy.node_lost_after, now):
                 return Decision(Steady(waiting_for=FULL_DISRUPTION), h)
             return _release_lost(obs, old, h, back, policy, now)
-        h = h.mark("released", now)
+        h = h.mark(RELEASED, now)
         if h.release == Release.GRACEFUL:
             # the pod may have run again on the healed node: as on a healthy node
             unfenced = _until_fenced(obs, now)
@@ -582,11 +491,11 @@ def _continue_handover(
         # batch and gives up its Lease), then its Lease must be free or run out.
         if old:
             return Decision(_graceful(old, h), h)
-        h = h.mark("released", now)
+        h = h.mark(RELEASED, now)
         unfenced = _until_fenced(obs, now)
         if unfenced is not None:
             return Decision(unfenced, h)
-        h = h.mark("fenced", now)
+        h = h.mark(FENCED, now)
 
     # 3. detached: no VolumeAttachment of the volume is left.
     if obs.attachments:
@@ -594,7 +503,7 @@ def _continue_handover(
         if after_all is not None:
             return after_all
         names = ", ".join(f"{a.name} on {a.node}" for a in obs.attachments)
-        waited = now - (h.started + timedelta(seconds=h.steps["released"]))
+        waited = now - (h.started + timedelta(seconds=h.steps[RELEASED]))
         degraded = None
         if waited >= policy.detach_timeout:
             degraded = (
@@ -607,11 +516,11 @@ def _continue_handover(
             degraded,
             "VolumeNotDetached" if degraded else None,
         )
-    h = h.mark("detached", now)
+    h = h.mark(DETACHED, now)
 
     # 4. started: the replacement, away from the lost node.
     avoid = h.from_node if h.reason == HandoverReason.NODE_LOST else None
-    return Decision(CreatePod(epoch=next_epoch(obs, h), avoid_node=avoid), h.mark("started", now))
+    return Decision(CreatePod(epoch=next_epoch(obs, h), avoid_node=avoid), h.mark(STARTED, now))
 
 
 def _until_fenced(obs: PartitionObservation, now: datetime) -> Action | None:
@@ -646,7 +555,6 @@ def _graceful(old: Sequence[PodView], h: Handover) -> Action:
     return Steady(waiting_for=f"pods {', '.join(p.name for p in old)} to terminate")
 
 
-FORCE_DETACH = "the attach/detach controller's force-detach (6 min)"
 FULL_DISRUPTION = (
     "some node to heartbeat again: every node's Lease is stale (full disruption: the "
     "control plane or the operator's view of it, not the nodes), so no node-loss handover"
@@ -690,7 +598,7 @@ def _release_lost(
             f"waiting for an out-of-service taint on node {node.name} (releaseVolume External: "
             "the operator never taints)",
         )
-        waited = now - (h.started + timedelta(seconds=h.steps["fenced"]))
+        waited = now - (h.started + timedelta(seconds=h.steps[FENCED]))
         degraded = None
         if waited >= policy.detach_timeout:
             degraded = (
@@ -788,27 +696,6 @@ def taint_verdict(node: NodeView, now: datetime) -> TaintVerdict:
     if node.shut_down:
         return TaintVerdict(safe=f"{tainted}: {shut}; it runs only fenced dedup workers")
     return TaintVerdict(safe=f"{tainted}: it runs only fenced dedup workers")
-
-
-EVICTS = "it would evict "
-
-
-def taint_blocked_why(node: str, who: str) -> str:
-    """The release reason of `Release.TAINT_BLOCKED` (`who`: why the taint is blocked)."""
-    return (
-        f"not tainting node {node} out-of-service: {who}; "
-        f"pod force-deleted, waiting for {FORCE_DETACH}"
-    )
-
-
-def taint_blocked_by(release_why: str | None) -> tuple[str, ...] | None:
-    """The pods ("namespace/name") a `TaintBlocked` release reason names as blocking the
-    taint (`taint_blocked_why`); None when it names none (its pods could not be listed)."""
-    head, found, rest = (release_why or "").partition(EVICTS)
-    if not found or not head.startswith("not tainting node "):
-        return None
-    pods = rest.split(";", 1)[0]
-    return tuple(p.strip() for p in pods.split(",") if p.strip())
 
 
 def taint_blockers(

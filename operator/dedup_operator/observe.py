@@ -1,6 +1,6 @@
 """The observe step of a reconcile pass: what it decides on, read once. It writes nothing.
 
-- `observe_pipeline`: the spec (as the workers run it: `ownership.decide`), the volume
+- `observe_pipeline`: the spec (as the workers run it: `ownership_generation.decide`), the volume
   claims, the topics' check (the remembered one, read again every topic_check_s; an
   internal topic the operator is to create is reported, not created), the pods, the
   Leases, the Nodes with their heartbeats and the VolumeAttachments (watched:
@@ -23,12 +23,14 @@ from dataclasses import replace
 from typing import Any
 
 from dedup_contract import names
+from dedup_contract.handover import HandoverReason
 from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
-from dedup_operator import audit_result, ownership
+from dedup_operator import audit_status, ownership_generation
 from dedup_operator.actions import TopicQuery
-from dedup_operator.desired import audit as desired_audit
-from dedup_operator.failover import HandoverReason, NodeView, PodView, ReleaseVolume
-from dedup_operator.kube import Kube, read_topics
+from dedup_operator.desired import scheduled_audit
+from dedup_operator.failover import NodeView, PodView, ReleaseVolume
+from dedup_operator.kafka_admin import read_topics
+from dedup_operator.kube import Kube
 from dedup_operator.memory import LeaseWatch, PipelineMemory
 from dedup_operator.observed import (
     lease_view,
@@ -79,7 +81,7 @@ def observe_pipeline(
         return InvalidSpec(namespace, name, str(exc), generation, previous)
     annotations = meta.get("annotations") or {}
     switch_asked = annotations.get(names.ANNOTATION_SWITCH_TO_OWNERSHIP) == "true"
-    state = ownership.decide(asked, previous, switch_asked)
+    state = ownership_generation.decide(asked, previous, switch_asked)
     spec = state.spec  # as the workers run it: partitions = the recorded worker count
     claims = kube.volume_claims(namespace, name)
     topic, topic_read, missing = _topics(kube, spec, memory, settings, reuse_topic_check)
@@ -88,7 +90,7 @@ def observe_pipeline(
     pods = _worker_pods(kube, spec)
     nodes.update(_lost_nodes(kube, spec, previous, nodes, raw_leases, watch))
     spark_operator = spec.reconciliation is not None and kube.has_crd(
-        desired_audit.SCHEDULED_SPARK_APPLICATION_CRD
+        scheduled_audit.SCHEDULED_SPARK_APPLICATION_CRD
     )
     return PipelineObservation(
         spec=spec,
@@ -208,9 +210,9 @@ def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSe
         return AuditSeen()
     config_map = kube.config_map(spec.namespace, names.reconciliation_result(spec.name))
     run = None
-    if desired_audit.uses_spark_operator(spec, spark_operator):
+    if scheduled_audit.uses_spark_operator(spec, spark_operator):
         apps = kube.spark_applications(spec.namespace, names.reconciliation_job(spec.name))
-        run = audit_result.newest_spark_application(apps)
+        run = audit_status.newest_spark_application(apps)
     return AuditSeen(config_map, run)
 
 

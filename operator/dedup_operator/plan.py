@@ -30,9 +30,11 @@ from functools import singledispatch
 from typing import Any
 
 from dedup_contract import names
+from dedup_contract.ownership_status import OWNERSHIP_SWITCHING
+from dedup_contract.ownership_status import STATUS_KEY as OWNERSHIP_KEY
 from dedup_contract.timefmt import format_time
-from dedup_operator import audit_result, events
-from dedup_operator import ownership as ownership_mod
+from dedup_operator import audit_status, events
+from dedup_operator import ownership_generation as ownership_mod
 from dedup_operator.actions import (
     AdoptAuditResult,
     ApplyAuditSchedule,
@@ -64,8 +66,8 @@ from dedup_operator.actions import (
     TopicQuery,
     WriteHandoverRecord,
 )
-from dedup_operator.desired import audit as desired_audit
 from dedup_operator.desired import partition as desired_partition
+from dedup_operator.desired import scheduled_audit
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.pipeline import disruption_budget, pipeline_objects, role
 from dedup_operator.events import Event
@@ -92,8 +94,7 @@ from dedup_operator.failover import (
 )
 from dedup_operator.memory import Recalled
 from dedup_operator.observed import Obj, attachments_of
-from dedup_operator.ownership import OWNERSHIP_SWITCHING, OwnershipState, SwitchPhase
-from dedup_operator.ownership import STATUS_KEY as OWNERSHIP_KEY
+from dedup_operator.ownership_generation import OwnershipState, SwitchPhase
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
@@ -142,7 +143,7 @@ class PipelineObservation:
     nodes: Mapping[str, NodeView]
     attachments: Sequence[Obj]  # VolumeAttachments
     topic: TopicCheck
-    # the ownership generation (dedup_operator.ownership.decide); None: as a new pipeline
+    # the ownership generation (dedup_operator.ownership_generation.decide); None: as a new pipeline
     ownership: OwnershipState | None = None
     # the memory key of `topic` when it was read in this pass (it is remembered then)
     topic_read: tuple[Any, ...] | None = None
@@ -493,7 +494,7 @@ def _decide_partitions(
             last_node=prev.get("node"),
         )
         if switch in (SwitchPhase.BEGIN, SwitchPhase.STOPPING):
-            # no worker starts before every old one is stopped (ownership.py)
+            # no worker starts before every old one is stopped (ownership_generation.py)
             decision = ownership_mod.stop_for_switch(partition_obs, policy, now)
         else:
             decision = partition_action(partition_obs, policy, now)
@@ -806,7 +807,7 @@ def _audit_schedule(obs: PipelineObservation, cleanup: bool) -> list[PassAction]
     if spec.reconciliation is None:
         return [DeleteAuditObject(kind, spec.namespace, job) for kind in kinds] if cleanup else []
     actions: list[PassAction] = []
-    for obj in desired_audit.reconciliation_objects(spec, owner, obs.spark_operator):
+    for obj in scheduled_audit.reconciliation_objects(spec, owner, obs.spark_operator):
         if obj["kind"] not in ("CronJob", "ScheduledSparkApplication"):
             actions.append(EnsureObject(obj))
             continue
@@ -814,7 +815,7 @@ def _audit_schedule(obs: PipelineObservation, cleanup: bool) -> list[PassAction]
         other = "CronJob" if obj["kind"] != "CronJob" else "ScheduledSparkApplication"
         if other == "CronJob" or obs.spark_operator:  # the CRD may come or go
             actions.append(DeleteAuditObject(other, spec.namespace, job))
-    actions.append(ReplaceRoleRules(desired_audit.role(spec, owner)))
+    actions.append(ReplaceRoleRules(scheduled_audit.role(spec, owner)))
     return actions
 
 
@@ -891,10 +892,10 @@ def _plan_audit(obs: PipelineObservation) -> _AuditPlan:
         actions.append(AdoptAuditResult(spec.namespace, config_map, obs.owner.reference()))
         text = (config_map.get("data") or {}).get(names.RECONCILIATION_SUMMARY_KEY)
     try:
-        out = audit_result.outcome(text, name, before, obs.audit.run)
-    except audit_result.SummaryError as exc:
+        out = audit_status.outcome(text, name, before, obs.audit.run)
+    except audit_status.SummaryError as exc:
         actions += _audit_unreadable(obs, f"ConfigMap {name}: {exc}")
-        out = audit_result.outcome(None, name, before, obs.audit.run)
+        out = audit_status.outcome(None, name, before, obs.audit.run)
     else:
         if obs.recalled.audit_unreadable is not None:
             actions.append(RememberAuditUnreadable(None))
@@ -903,7 +904,7 @@ def _plan_audit(obs: PipelineObservation) -> _AuditPlan:
         counted = CountAuditResult(spec.namespace, spec.name, bool(out.passed), dup, missing)
         actions += [Tell(out.event), counted]
     last = out.last if out.last is not None else before
-    condition = audit_result.condition(last) if last and "time" in last else None
+    condition = audit_status.condition(last) if last and "time" in last else None
     return _AuditPlan(tuple(actions), last, condition)
 
 

@@ -28,10 +28,11 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from dedup_contract import names
-from dedup_operator import metrics
+from dedup_contract import names, worker_metrics
+from dedup_contract.worker_metrics import scrape, worker_counters
+from dedup_operator import operator_metrics
 from dedup_operator.executor import Acting, Recorder, execute
-from dedup_operator.kube import Conflict, Kube, NotLeader, scrape, worker_counters
+from dedup_operator.kube import Conflict, Kube, NotLeader
 from dedup_operator.memory import LeaseWatch, PipelineMemory
 from dedup_operator.observe import observe_deleted, observe_pipeline
 from dedup_operator.observed import lease_view, node_view
@@ -70,7 +71,7 @@ def reconcile(
     Each pass reads the pipeline afresh inside its turn: the handover records the
     previous pass wrote are always seen."""
     key = (namespace, name)
-    with memory.lock, metrics.RECONCILE_SECONDS.time():
+    with memory.lock, operator_metrics.RECONCILE_SECONDS.time():
         body = kube.pipeline(namespace, name)
         if body is None:
             return Outcome(key, "gone")
@@ -86,12 +87,12 @@ def reconcile(
         except (Conflict, NotLeader) as exc:
             result = "conflict" if isinstance(exc, Conflict) else "not-leader"
             log.info("pass over %s/%s abandoned: %s", namespace, name, exc)
-            metrics.RECONCILES.labels(namespace, name, result).inc()
+            operator_metrics.RECONCILES.labels(namespace, name, result).inc()
             return Outcome(key, result, tuple(acting.applied), acting.requeue_after)
         except Exception:
-            metrics.RECONCILES.labels(namespace, name, "error").inc()
+            operator_metrics.RECONCILES.labels(namespace, name, "error").inc()
             raise
-        metrics.RECONCILES.labels(namespace, name, outcome.result).inc()
+        operator_metrics.RECONCILES.labels(namespace, name, outcome.result).inc()
         return outcome
 
 
@@ -151,7 +152,7 @@ def _report(
     status = pipeline_status(
         obs, plan, counters, acting.tainted, plan.last_audit, plan.audit_condition, now
     )
-    metrics.PARTITIONS_NOT_RUNNING.labels(spec.namespace, spec.name).set(
+    operator_metrics.PARTITIONS_NOT_RUNNING.labels(spec.namespace, spec.name).set(
         spec.partitions - status["readyPartitions"]
     )
     if any(obs.previous.get(key) != value for key, value in status.items()):
@@ -175,17 +176,17 @@ def _worker_counters(
         c = worker_counters(
             text,
             (
-                "dedup_duplicates_total",
-                "dedup_records_in_total",
-                "dedup_records_out_total",
-                "dedup_consumer_lag",
+                worker_metrics.DUPLICATES_TOTAL,
+                worker_metrics.RECORDS_IN_TOTAL,
+                worker_metrics.RECORDS_OUT_TOTAL,
+                worker_metrics.CONSUMER_LAG,
             ),
         )
         counters[p] = WorkerCounters(
-            duplicates=int(c["dedup_duplicates_total"]),
-            records_in=int(c["dedup_records_in_total"]),
-            records_out=int(c["dedup_records_out_total"]),
-            lag=int(c["dedup_consumer_lag"]),
+            duplicates=int(c[worker_metrics.DUPLICATES_TOTAL]),
+            records_in=int(c[worker_metrics.RECORDS_IN_TOTAL]),
+            records_out=int(c[worker_metrics.RECORDS_OUT_TOTAL]),
+            lag=int(c[worker_metrics.CONSUMER_LAG]),
         )
     return counters
 

@@ -207,7 +207,7 @@ class PipelineSpec:
     reconciliation: ReconciliationSpec | None = None
     # Not a spec field: whether the workers own ids (`owner(id) % workers`, misrouted
     # records forwarded through the internal topic). False only for a pipeline that ran
-    # before ownership existed (dedup_operator.ownership decides, from the status): its
+    # before ownership existed (dedup_operator.ownership_generation decides, from the status): its
     # workers are rendered as before. Under ownership `partitions` is the recorded
     # worker count (status.ownership.workers), not necessarily spec.partitions.
     ownership: bool = True

@@ -1,35 +1,26 @@
 """The topics' preconditions of the guarantee, as the operator checks them (pure).
 
-Under ownership (every pipeline created since issue 26), each id is published once
-within the window only while:
+Under ownership each id is published once within the window only while:
 - the input topic exists (any partition count, and it may grow: worker w reads input
   partitions i with i % workers == w);
 - the output topic exists with at least `workers` partitions (the owner w of an id
-  publishes it to output partition w; more stay empty), is not compacted (compaction
-  keeps the last record of each *key*: a rebuild would miss published ids), and keeps
-  every record for the whole window: a lost store is rebuilt from the output over the
-  window, so an id published earlier than the output's retention is forgotten and would
-  be published again. `retention.ms` -1 or at least `window.duration`; a window without
-  a duration (`maxKeys` only) needs -1; `retention.bytes` -1, since no byte count can be
-  proven to hold a window of time;
+  publishes it to output partition w), is not compacted (a rebuild would miss published
+  ids), and keeps every record for the whole window (a lost store is rebuilt from it):
+  `retention.ms` -1 or at least `window.duration` (-1 for a window with `maxKeys` only),
+  `retention.bytes` -1;
 - the internal topic (`names.owned_topic`, or `kafka.ownedTopic`) exists with at least
-  `workers` partitions, and loses no record: after the forwarder committed its input
-  offset the forwarded copy is the only one. So `cleanup.policy=delete` (not compact),
-  `retention.ms=-1` and `retention.bytes=-1` (the owners delete what they consumed),
-  `message.timestamp.type=CreateTime` (the window's clock), `max.message.bytes` at least
-  the input's plus `HEADER_ROOM` for the forwarding headers (a record too large aborts
-  the same transaction for ever), replication factor and `min.insync.replicas` at least
+  `workers` partitions and loses no record: `cleanup.policy=delete`, `retention.ms=-1`,
+  `retention.bytes=-1`, `message.timestamp.type=CreateTime`, `max.message.bytes` at least
+  the input's plus `HEADER_ROOM`, replication factor and `min.insync.replicas` at least
   the output's, and unclean leader election off.
+Why each, and each failure's reason: docs/design.md, "The guarantee and what it assumes".
 
 When `workers` does not divide the input's partition count, a producer keyed by id with
 murmur2 has some of its records forwarded (`forwarded_share`): TopicReady stays True and
-its message says how many.
+its message says how many. A pipeline without ownership (`OwnershipOff`) needs exactly
+`spec.partitions` input partitions (worker p reads input partition p) and no internal topic.
 
-A pipeline that ran before ownership (`OwnershipOff`) is checked as before: the input
-must have exactly `spec.partitions` partitions (worker p reads input partition p), and it
-has no internal topic.
-
-The shell (`kube.read_topics`) reads the facts; `check_topics` decides. A failure is the
+The shell reads the facts (`read_topics`); `check_topics` decides. A failure is the
 TopicReady condition's reason and message, with the numbers, and makes the pipeline
 Degraded; the operator logs it at ERROR.
 """

@@ -1,54 +1,28 @@
 """`dedup-backfill`: the worker's deduplication in batch, and warm stores for new partitions.
 
-`dedup-backfill run` replays history: the records of an input topic (per-partition
-offset ranges, or all) or of Parquet files (columns `partition INT, offset BIGINT,
-timestamp_ms BIGINT, key BINARY, value BINARY, headers ARRAY<STRUCT<key STRING, value
-BINARY>>`), deduplicated with the semantics of the workers under ownership (`by_owner`):
+`dedup-backfill run` replays history, the records of an input topic (per-partition offset
+ranges, or all) or of Parquet files, deduplicated with the semantics of the workers under
+ownership (`by_owner`):
 
-* each valid record goes to the worker that owns its id (`dedup_contract.ownership`,
-  `owner(id) = murmur2(id) % --workers`), whatever its input partition; a record without
-  a valid id stays with the worker that reads its partition (`partition % workers`);
+* each valid record goes to the worker that owns its id (`dedup_contract.ownership`),
+  whatever its input partition; a record without a valid id stays with the worker that
+  reads its partition (`partition % workers`);
 * each worker's records are met as a worker meets its sources: every input partition's
-  in offset order, the partitions interleaved by timestamp (a merge of the ordered
-  partitions; which of two partitions a live worker reads first is not defined, so only
-  this per-partition order is the same);
-* they are cut into batches of `--batch-size` (default 1) and each batch decided as the
-  worker decides one
-  (`dedup_contract.batch.triage`, imported): a record without a valid id becomes a dead
-  letter with the worker's reason and headers; a repeat inside the batch is dropped;
-  an id the window holds is dropped; the rest is published;
-* the window is the worker's own (`dedup_contract.window.WindowState`, the rules of
-  `dedup_contract.window`, kept as the store keeps them): after each batch, the new ids
-  are recorded at the newest timestamp seen so far (generations between W and
-  1.25 W) and expired, oldest generation first, by duration and by `--window-max-keys`;
-* a published record keeps its key, value, headers and timestamp, gains the `dedup.id`
-  header, and goes to output partition `owner(id)`, as the workers' output does. So each
-  id is published once overall (per window), by its owner.
+  in offset order, the partitions interleaved by timestamp;
+* they are cut into batches of `--batch-size` (default 1), each decided as the worker
+  decides one (`dedup_contract.batch.triage`, imported), against the worker's own window
+  (`dedup_contract.window.WindowState`); a published record goes to output partition
+  `owner(id)` with the `dedup.id` header, so each id is published once overall (per
+  window), by its owner.
 
-The differences from running workers: their batches are what each poll returned (up to
-`batchSize`), the backfill's are fixed; and where an id occurs on several input
-partitions, which occurrence a live owner meets first is not defined. So the backfill
-and the workers publish the same set of ids, each on its owner's partition, but not
-necessarily the same occurrence of an id seen on two partitions, nor (where the window
-expires inside the data: a repeat near an id's expiry, between W and 1.25 W after it was
-recorded, or across a `maxKeys` drop) always the same decision for it. Their agreement
-is tested as equal sets of published ids (tests/integration/test_backfill.py).
-
-Output goes to a topic, each partition in one Kafka transaction written from the
-executor that computed it (read_committed readers see a partition all or nothing;
-partitions commit independently, so a failed run can leave some partitions written:
-rerun it into a fresh topic), or to Parquet files (`--output-dir`, `published/` and
-`dead_letters/`).
-
+The backfill and the workers publish the same set of ids, each on its owner's partition,
+but not always the same occurrence of an id seen on two partitions, nor always the same
+decision near a window's expiry (tests/integration/test_backfill.py compares the sets).
+Output: a topic (each partition in one Kafka transaction) or Parquet (`--output-dir`).
 `dedup-backfill warm-store` writes the ids an output partition published within the
-window into a fresh store in the worker's on-disk format, through
-`dedup_contract.store.Store` (the one writer of that format), with the output offset at
-the partition's end: a worker started on it recovers nothing from the output topic and
-still drops repeats of those ids. `--commit-input-offsets` (of `run`) sets the
-pipeline's consumer group to the end of the replayed range, so the worker resumes after
-it.
-
-Exit codes: 0 done, 2 could not run (one log line says why).
+window into a fresh store through `dedup_contract.store.Store`, so a worker started on it
+recovers nothing. Formats, the differences from running workers, `--commit-input-offsets`:
+docs/audit.md, "Backfill". Exit codes: 0 done, 2 could not run (one log line says why).
 """
 
 from __future__ import annotations
@@ -662,7 +636,7 @@ def _kafka(args: argparse.Namespace) -> KafkaSource | None:
 
 
 def job_from_args(args: argparse.Namespace) -> BackfillJob:
-    from dedup_spark.reconcile import parse_offsets
+    from dedup_spark.audit_job import parse_offsets
 
     kafka = _kafka(args)
     if args.input_topic and kafka is None:

@@ -1,39 +1,20 @@
 """`dedup-entrypoint`: the image's entrypoint, as the official Spark image's is.
 
 `dedup-entrypoint driver <spark-submit args>` starts a Spark driver the way that script
-does for the driver pod of cluster mode (`args: ["driver", "--properties-file", ...,
-"--class", ..., <app>]`): pyspark's own `spark-submit` in client mode, bound to the pod's
-address (`SPARK_DRIVER_BIND_ADDRESS`, set by Spark from status.podIP):
-
-    spark-submit --conf spark.driver.bindAddress=$SPARK_DRIVER_BIND_ADDRESS
-      --conf spark.executorEnv.SPARK_DRIVER_POD_IP=$SPARK_DRIVER_BIND_ADDRESS
-      [--conf spark.driver.extraClassPath=$DEDUP_SPARK_JARS/*]
-      --deploy-mode client <args>
-
-as Spark 4.0's `entrypoint.sh` does, with one addition: the image's Kafka connector jars
-(`DEDUP_SPARK_JARS`) on the driver JVM's classpath, which this spark-submit starts before
-the job's session can add them. `<args>` are what Spark's cluster mode gives the pod
-(DriverCommandFeatureStep): `--properties-file /opt/spark/conf/spark.properties` (the
-ConfigMap spark-submit or the Spark operator created, mounted at SPARK_CONF_DIR),
-`--class org.apache.spark.deploy.PythonRunner`, the application file and its arguments;
-they pass through unchanged (a `--conf` given here wins over the properties file).
-Tested by tests/integration/test_spark_cluster_mode.py (`spark-submit --deploy-mode
-cluster` against the local cluster).
+does for the driver pod of cluster mode: pyspark's own `spark-submit` in client mode,
+bound to the pod's address (`SPARK_DRIVER_BIND_ADDRESS`), with one addition: the image's
+Kafka connector jars (`DEDUP_SPARK_JARS`) on the driver JVM's classpath, which this
+spark-submit starts before the job's session can add them. The arguments Spark's cluster
+mode gives the pod pass through unchanged.
 
 `dedup-entrypoint executor` starts a Spark executor the way Spark's
 `kubernetes/dockerfiles/spark/entrypoint.sh` does for the pods a Kubernetes driver
-creates (`args: ["executor"]` and the `SPARK_*` environment it sets):
+creates (`KubernetesExecutorBackend` from the `SPARK_*` environment), with the jars of
+the pip-installed pyspark and this interpreter for the executor's Python workers.
+Anything else is run as given (the official image's pass-through), so `dedup-entrypoint
+dedup-worker ...` works too.
 
-    java <SPARK_JAVA_OPT_0..n> -Xms<mem> -Xmx<mem> -cp <SPARK_CONF_DIR>:<jars>/*
-      org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend
-      --driver-url $SPARK_DRIVER_URL --executor-id $SPARK_EXECUTOR_ID
-      --cores $SPARK_EXECUTOR_CORES --app-id $SPARK_APPLICATION_ID
-      --hostname $SPARK_EXECUTOR_POD_IP --resourceProfileId $SPARK_RESOURCE_PROFILE_ID
-      --podName $SPARK_EXECUTOR_POD_NAME
-
-with the jars of the pip-installed pyspark (they include `spark-kubernetes`), and this
-interpreter for the executor's Python workers. Anything else is run as given (the
-official image's pass-through), so `dedup-entrypoint dedup-worker ...` works too.
+The exact commands, and what each argument is: docs/audit.md, "The image's entrypoint".
 Exit codes: the driver's, executor's or command's own; 2 if the environment is
 incomplete (one line says what is missing).
 """

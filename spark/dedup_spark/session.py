@@ -155,7 +155,8 @@ JOB_CONF: Final = {
     "spark.python.daemon.module": "dedup_spark.worker_daemon",
     # Batch reads through the Kafka source's DataSource V2 reader, which makes each
     # record an internal row once. Spark's default, the V1 relation, turns every record
-    # into an external Row and back (~13% of a 1M record audit's time, bench/README.md).
+    # into an external Row and back (~13% of a 1M record audit's time,
+    # bench/HISTORY.md, "Reconciliation audit").
     # Same options, same offsets and the same rows.
     "spark.sql.sources.useV1SourceList": V1_SOURCES_BUT_KAFKA,
     # The throughput collector: a batch job wants the most work per CPU, not short

@@ -39,7 +39,8 @@ RECORD_COLUMNS: Final = ("partition", "offset", "timestamp_ms", "key", "value", 
 
 FETCH_DEFAULTS: Final = {
     # Bigger fetches than the Java client's defaults (500 records, 1 MiB per partition):
-    # a batch audit reads whole partitions; measured 1.5x faster reads (bench/README.md).
+    # a batch audit reads whole partitions; measured 1.5x faster reads
+    # (bench/HISTORY.md, "Reconciliation audit").
     # And a short fetch.max.wait.ms (default 500 ms): with the default, Spark's read tasks
     # sat idle ~650 of ~770 ms each (task CPU time against run time); 10 ms read the same
     # 1M records 2.4x faster.
@@ -232,7 +233,8 @@ def packed_ids(records: DataFrame, spec: IdSpec, *, published: bool = False) -> 
     """`with_ids`, packed (PACKED_SCHEMA). For a job that needs a partition's records
     together in one Python function: Spark then moves a few hundred binary rows instead
     of a row per record through the shuffle, its sort and the conversions between
-    Arrow and its own rows (~7% of a 1M record audit's CPU, bench/README.md)."""
+    Arrow and its own rows (~7% of a 1M record audit's CPU,
+    bench/HISTORY.md, "Reconciliation audit")."""
 
     def extract(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -378,9 +380,9 @@ def extract_ids(batch: pa.RecordBatch, spec: IdSpec) -> pa.RecordBatch:
 
     A top-level JSON field's plain ids are decided for the whole batch at once
     (`plain_json_ids`, as the worker's triage does), or, when any record defers, in one
-    call per record (`plain_json_id`; this went from 1.8 to 1.3 us per record, and the id
-    rules are the audit's largest cost, bench/README.md); the rest take `extract_id`,
-    which also names the reason."""
+    call per record (`plain_json_id`: 1.3 us per record against `extract_id`'s 1.8, and the
+    id rules are the audit's largest cost: bench/HISTORY.md, "After issue 18: the stricter
+    audit"); the rest take `extract_id`, which also names the reason."""
     import pyarrow as pa
 
     names = batch.schema.names

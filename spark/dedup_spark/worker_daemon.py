@@ -8,7 +8,7 @@ the 15 MB jar's directories. So the entries go from `sys.path` and their importe
 `sys.path_importer_cache` (Python made those at start-up, and `invalidate_caches` walks
 that cache, not the path). Measured ~105 -> ~56 ms of overhead per Python task on
 `local[2]` for the path alone, and a further ~15% of the Python workers' time in a 1M
-record audit for the cache (bench/README.md). Set as
+record audit for the cache (bench/HISTORY.md, "Reconciliation audit"). Set as
 `spark.python.daemon.module` by `dedup_spark.session`; when PySpark is not importable
 without those entries, the path is left as it is.
 """

@@ -237,7 +237,7 @@ def test_rbac_by_scope() -> None:
 def test_the_operator_holds_every_permission_it_grants() -> None:
     """Escalation prevention: the worker and audit Roles the operator creates are
     within what the chart gives it in the namespace."""
-    from dedup_operator.desired import audit, pipeline
+    from dedup_operator.desired import pipeline, scheduled_audit
     from dedup_operator.desired.owner import Owner
     from dedup_operator.spec import PipelineSpec
     from support.chart_rbac import NAMESPACED_ROWS
@@ -248,7 +248,7 @@ def test_the_operator_holds_every_permission_it_grants() -> None:
     )
     spec = PipelineSpec.parse("events", "analytics", body["spec"])
     owner = Owner(spec.name, spec.namespace, "uid")
-    granted = rules_of(pipeline.role(spec, owner)) | rules_of(audit.role(spec, owner))
+    granted = rules_of(pipeline.role(spec, owner)) | rules_of(scheduled_audit.role(spec, owner))
     held = {(g, r, v) for g, r, _, v in NAMESPACED_ROWS}
     assert {(g, r, v) for g, r, _, v in granted} <= held
 
@@ -281,7 +281,7 @@ def _exported_names() -> set[str]:
 
     from prometheus_client import REGISTRY, generate_latest
 
-    import dedup_operator.metrics  # noqa: F401  (registers the operator's metrics)
+    import dedup_operator.operator_metrics  # noqa: F401  (registers the operator's metrics)
     from dedup_worker.metrics import Health, WorkerMetrics, serve
 
     port = free_port()

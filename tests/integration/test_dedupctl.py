@@ -30,9 +30,9 @@ from kubernetes import client
 from dedup_contract import names
 from dedup_contract.ownership import owner_reference
 from dedup_local.cluster import LocalCluster
+from dedup_local.control_plane import ControlPlane
 from dedup_local.kafka import KafkaBroker
-from dedup_local.kube import ControlPlane
-from dedup_operator import ctl
+from dedupctl import cli as ctl
 from support.cluster_fixtures import ClusterNamespace, _namespace
 from support.kube_fixtures import CRD_FILES
 from support.operator_helpers import (
@@ -319,7 +319,7 @@ def test_errors_a_person_can_cause_are_one_line_with_an_exit_code(
 
 
 def ctl_schema_version() -> int:
-    from dedup_operator.ctl_view import STATUS_SCHEMA_VERSION
+    from dedupctl.view import STATUS_SCHEMA_VERSION
 
     return STATUS_SCHEMA_VERSION
 

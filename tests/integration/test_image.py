@@ -24,12 +24,18 @@ from dedup_contract.names import RUN_AS_USER
 from dedup_local.image import DEV_TAG, ensure_image, podman, podman_env
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import free_port
-from dedup_operator.desired.audit import APPLICATION_FILE
+from dedup_operator.desired.scheduled_audit import APPLICATION_FILE
 from support.worker_helpers import event, output_ids, produce, read_committed, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
 
-ENTRY_POINTS = ("dedup-worker", "dedup-operator", "dedup-reconcile", "dedup-backfill")
+ENTRY_POINTS = (
+    "dedup-worker",
+    "dedup-operator",
+    "dedup-audit",
+    "dedup-reconcile",  # the audit's old name, an alias
+    "dedup-backfill",
+)
 
 
 @pytest.fixture(scope="module")

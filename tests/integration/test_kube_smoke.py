@@ -29,7 +29,8 @@ GROUP, VERSION, PLURAL = "dedup.io", "v1alpha1", "deduppipelines"
 
 
 def pipeline(name: str, **spec_changes: Any) -> dict[str, Any]:
-    """A valid DedupPipeline (the example of DESIGN.md section 3), with spec overrides."""
+    """A valid DedupPipeline setting every part of the spec (fields: docs/crd.md), with spec
+    overrides."""
     spec: dict[str, Any] = {
         "kafka": {
             "bootstrapServers": "kafka-bootstrap:9092",

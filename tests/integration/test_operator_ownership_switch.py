@@ -19,7 +19,7 @@ from kubernetes import client, watch
 from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, produce_all
-from dedup_operator import ctl
+from dedupctl import cli as ctl
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for

@@ -2,7 +2,7 @@
 
 - a pipeline with spec.reconciliation gets its ServiceAccount/Role/RoleBinding and a
   CronJob the API server validated (Forbid, bounded history, the driver's command);
-- the job's result ConfigMap, written by dedup-reconcile's own publishing code (passed,
+- the job's result ConfigMap, written by dedup-audit's own publishing code (passed,
   then failed), lands in status.lastReconciliation with Events, metrics and condition
   ReconciliationHealthy (False with the numbers);
 - finished runs beyond the CronJob's history limit are deleted (by kube-controller-manager's
@@ -31,9 +31,9 @@ from dedup_contract import names
 from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.spark_pods import ExecutorWatch
-from dedup_operator import ctl
-from dedup_operator.desired import audit as desired_audit
-from dedup_spark.reconcile import build_parser, job_from_args, publish_summary
+from dedup_operator.desired import scheduled_audit
+from dedup_spark.audit_job import build_parser, job_from_args, publish_summary
+from dedupctl import cli as ctl
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (
@@ -122,7 +122,7 @@ def summary(pipeline: str, ns: str, run: str, finished: datetime, **totals: int)
 
 
 def publish_as_the_job(command: list[str], kubeconfig: Path, result: dict[str, Any]) -> None:
-    """Write the result ConfigMap with dedup-reconcile's own code, from the flags the
+    """Write the result ConfigMap with dedup-audit's own code, from the flags the
     CronJob gives it."""
     args = build_parser().parse_args([*command[1:], "--kubeconfig", str(kubeconfig)])
     publish_summary(job_from_args(args), result)
@@ -175,7 +175,7 @@ def test_cron_job_result_in_status_and_removal(
         assert pod.restart_policy == "Never"
         assert pod.service_account_name == job
         command = pod.containers[0].command
-        assert command[0] == "dedup-reconcile"
+        assert command[0] == "dedup-audit"
         assert command[command.index("--master") + 1] == "k8s"
         assert command[command.index("--configmap") + 1] == "audited-reconciliation"
         env = {e.name: e for e in pod.containers[0].env}
@@ -212,7 +212,7 @@ def test_cron_job_result_in_status_and_removal(
             "controller": True,
             "blockOwnerDeletion": True,
         }
-        runs = desired_audit.HISTORY_LIMIT + 2
+        runs = scheduled_audit.HISTORY_LIMIT + 2
         for n in range(runs):
             batch.create_namespaced_job(
                 ns,
@@ -246,7 +246,7 @@ def test_cron_job_result_in_status_and_removal(
                 )
             ]
             # all runs finished (only finished ones are deleted) and the oldest deleted
-            if len(kept) == len(complete) == desired_audit.HISTORY_LIMIT:
+            if len(kept) == len(complete) == scheduled_audit.HISTORY_LIMIT:
                 return sorted(j.metadata.name for j in kept)
             return None
 
@@ -363,7 +363,7 @@ def test_scheduled_spark_application_with_the_spark_operator(
     ns = cluster_namespace.name
     api = cluster_namespace.api_client
     custom = client.CustomObjectsApi(api)
-    group, version = desired_audit.SPARK_OPERATOR_GROUP, desired_audit.SPARK_OPERATOR_VERSION
+    group, version = scheduled_audit.SPARK_OPERATOR_GROUP, scheduled_audit.SPARK_OPERATOR_VERSION
     topic = topics(kafka, new_topic)
     job = names.reconciliation_job("sparky")
     with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
@@ -409,7 +409,7 @@ def test_scheduled_spark_application_with_the_spark_operator(
                 "kind": "SparkApplication",
                 "metadata": {
                     "name": f"{job}-1700000000",
-                    "labels": {desired_audit.SCHEDULED_APP_LABEL: job},
+                    "labels": {scheduled_audit.SCHEDULED_APP_LABEL: job},
                 },
                 "spec": spec["template"],
                 "status": {"applicationState": {"state": "COMPLETED"}},

@@ -1,4 +1,4 @@
-"""`dedup-reconcile` against a real broker and a real local SparkSession.
+"""`dedup-audit` against a real broker and a real local SparkSession.
 
 Topics filled with known content and planted defects (duplicates in the output, missing
 ids, reorderings, dead letters, ids repeated beyond the window), published as workers
@@ -31,8 +31,8 @@ from pyspark.sql import SparkSession
 from dedup_contract.ids import ID_HEADER, IdSpec
 from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker
-from dedup_spark import reconcile
-from dedup_spark.audit import AuditRange
+from dedup_spark import audit_job
+from dedup_spark.audit_rules import AuditRange
 from dedup_spark.source import KafkaSource
 from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DedupWorker
 from support.kube_fixtures import KubeNamespace
@@ -81,7 +81,7 @@ def produce_records(
         producer.commit_transaction(30)
 
 
-def job(name: str, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> reconcile.AuditJob:
+def job(name: str, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> audit_job.AuditJob:
     settings: dict[str, Any] = {
         "pipeline": name,
         "namespace": "default",
@@ -98,7 +98,7 @@ def job(name: str, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> reconcile
         "workers": PARTITIONS,
     }
     settings.update(overrides)
-    return reconcile.AuditJob(**settings)
+    return audit_job.AuditJob(**settings)
 
 
 def test_planted_defects_are_counted(
@@ -186,7 +186,7 @@ def test_planted_defects_are_counted(
     produce_records(kafka, f"{name}-out", [o for p in outputs.values() for o in p])
     produce_records(kafka, f"{name}-dlq", dead)
 
-    summary = reconcile.run(spark, job(name, kafka, tmp_path))
+    summary = audit_job.run(spark, job(name, kafka, tmp_path))
 
     totals = summary["totals"]
     planted = {
@@ -355,7 +355,7 @@ def owned(kafka: KafkaBroker) -> Owned:
     return write_as_owners(kafka)
 
 
-def owned_job(owned: Owned, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> reconcile.AuditJob:
+def owned_job(owned: Owned, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> audit_job.AuditJob:
     settings: dict[str, Any] = {
         "workers": WORKERS,
         "owned_topic": f"{owned.name}-owned",
@@ -371,7 +371,7 @@ def owned_job(owned: Owned, kafka: KafkaBroker, tmp: Path, **overrides: Any) -> 
 def test_forwarded_output_passes_and_the_waiting_record_is_pending(
     spark: SparkSession, kafka: KafkaBroker, owned: Owned, tmp_path: Path
 ) -> None:
-    summary = reconcile.run(spark, owned_job(owned, kafka, tmp_path))
+    summary = audit_job.run(spark, owned_job(owned, kafka, tmp_path))
     totals = summary["totals"]
     assert summary["passed"], totals
     assert (totals["input"], totals["valid"], totals["pending"]) == (400, 399, 1)
@@ -381,7 +381,7 @@ def test_forwarded_output_passes_and_the_waiting_record_is_pending(
     mid, p, _ = owned.waiting
     assert {q["partition"]: q["pending"] for q in summary["partitions"]}[p] == 1
     # Without the internal topic, the waiting record's occurrence has no publication.
-    blind = reconcile.run(spark, owned_job(owned, kafka, tmp_path, owned_topic=None))
+    blind = audit_job.run(spark, owned_job(owned, kafka, tmp_path, owned_topic=None))
     assert blind["passed"] is False
     assert (blind["totals"]["missing"], blind["totals"]["pending"]) == (1, 0)
     findings = pq.read_table(Path(blind["report"]) / "findings").to_pylist()
@@ -402,7 +402,7 @@ def test_a_cross_partition_duplicate_fails_the_audit(
     wrong = p % WORKERS
     copies.append(Rec(wrong, ts, event(mid), [(ID_HEADER, mid.encode())]))
     produce_records(kafka, bad, copies)
-    summary = reconcile.run(spark, owned_job(owned, kafka, tmp_path, output_topic=bad))
+    summary = audit_job.run(spark, owned_job(owned, kafka, tmp_path, output_topic=bad))
     totals = summary["totals"]
     assert summary["passed"] is False
     assert (totals["duplicates"], totals["misplaced"], totals["missing"]) == (1, 1, 0)
@@ -425,7 +425,7 @@ def test_a_clean_worker_run_passes_with_zeros(
     produce(kafka.bootstrap, cfg.input_topic, values)
     run_until_consumed(DedupWorker(cfg), len(values))
 
-    summary = reconcile.run(
+    summary = audit_job.run(
         spark,
         job(
             name,
@@ -487,7 +487,7 @@ def test_a_lost_occurrence_hidden_by_a_later_publication_fails_the_audit(
         )
     producer.commit_transaction(30)
 
-    summary = reconcile.run(spark, job(name, kafka, tmp_path, workers=1))
+    summary = audit_job.run(spark, job(name, kafka, tmp_path, workers=1))
 
     totals = summary["totals"]
     assert summary["passed"] is False
@@ -527,7 +527,7 @@ def test_input_deleted_by_retention_is_reported_as_unverifiable(
         future.result(60)
 
     rng = AuditRange(offsets={0: (0, 10)})
-    strict = reconcile.run(spark, job(name, kafka, tmp_path, audit_range=rng, workers=1))
+    strict = audit_job.run(spark, job(name, kafka, tmp_path, audit_range=rng, workers=1))
     assert strict["passed"] is False and strict["unverifiable"] == "fail"
     assert strict["totals"]["unverifiable"] == 4 and strict["totals"]["missing"] == 0
     assert strict["totals"]["input"] == 6
@@ -535,7 +535,7 @@ def test_input_deleted_by_retention_is_reported_as_unverifiable(
     assert [(f["kind"], f["offset"], f["detail"]) for f in findings] == [
         ("unverifiable", 0, "input offsets 0-3 deleted by retention")
     ]
-    lenient = reconcile.run(
+    lenient = audit_job.run(
         spark,
         job(name, kafka, tmp_path, audit_range=rng, fail_on_unverifiable=False, workers=1),
     )
@@ -543,7 +543,7 @@ def test_input_deleted_by_retention_is_reported_as_unverifiable(
 
 
 def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("dedup-reconcile")
+    exe = Path(sys.executable).with_name("dedup-audit")
     return subprocess.run(
         [str(exe), "--log-format", "text", *args],
         capture_output=True,

@@ -6,7 +6,7 @@ spark-submit (pyspark's, on this machine, with the cluster's admin kubeconfig as
 operator has its own account) creates the driver pod, its ConfigMap of Spark properties
 and its Service. The driver pod runs the project's image with Spark's cluster-mode
 arguments (`driver --properties-file /opt/spark/conf/spark.properties --class
-org.apache.spark.deploy.PythonRunner <reconcile.py> <args>`): the image's entrypoint,
+org.apache.spark.deploy.PythonRunner <audit_job.py> <args>`): the image's entrypoint,
 `dedup-entrypoint driver`, starts spark-submit in client mode inside the pod, and the
 driver, with the audit's ServiceAccount (the operator's minimal Role), asks the API server
 for executor pods. The topics hold what a real worker published; the audit passes.
@@ -28,7 +28,7 @@ from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pipelines import pipeline_body
 from dedup_local.spark_pods import PROJECT_IMAGE, ExecutorWatch
-from dedup_operator.desired import audit as desired_audit
+from dedup_operator.desired import scheduled_audit
 from dedup_operator.desired.owner import Owner
 from dedup_operator.spec import PipelineSpec
 from dedup_spark.entrypoint import spark_home
@@ -128,15 +128,17 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
     core: Any = client.CoreV1Api(api)
     rbac: Any = client.RbacAuthorizationV1Api(api)
     core.create_namespaced_service_account(
-        ns, _without_owner(desired_audit.service_account(spec, owner))
+        ns, _without_owner(scheduled_audit.service_account(spec, owner))
     )
-    rbac.create_namespaced_role(ns, _without_owner(desired_audit.role(spec, owner)))
-    rbac.create_namespaced_role_binding(ns, _without_owner(desired_audit.role_binding(spec, owner)))
+    rbac.create_namespaced_role(ns, _without_owner(scheduled_audit.role(spec, owner)))
+    rbac.create_namespaced_role_binding(
+        ns, _without_owner(scheduled_audit.role_binding(spec, owner))
+    )
 
     # The rendered ScheduledSparkApplication's run; its driver section (env with the
     # downward API, the /reports mount) goes into the driver pod as the Spark operator
     # puts it there, through a pod template.
-    template = desired_audit.scheduled_spark_application(spec, owner)["spec"]["template"]
+    template = scheduled_audit.scheduled_spark_application(spec, owner)["spec"]["template"]
     pod_template = tmp_path / "driver-template.yaml"
     pod_template.write_text(
         yaml.safe_dump(
@@ -178,7 +180,7 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
     # Spark's cluster-mode pod: no command (the image's entrypoint), its driver args
     assert not container.command
     assert container.args[:3] == ["driver", "--properties-file", "/opt/spark/conf/spark.properties"]
-    assert desired_audit.APPLICATION_FILE.removeprefix("local://") in " ".join(container.args)
+    assert scheduled_audit.APPLICATION_FILE.removeprefix("local://") in " ".join(container.args)
     assert pod.spec.service_account_name == names.reconciliation_job(name)
     assert "dedup_spark.entrypoint" in log and "starting the driver" in log, log[-3000:]
     assert submitted.returncode == 0, submitted.stderr[-3000:]

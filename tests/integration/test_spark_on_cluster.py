@@ -36,7 +36,7 @@ def test_the_audit_runs_as_a_driver_pod_with_two_executor_pods(
 
     driver = f"{name}-driver"
     command = [
-        "dedup-reconcile",
+        "dedup-audit",
         *("--pipeline", name, "--bootstrap-servers", kafka.bootstrap),
         *("--input-topic", f"{name}-in", "--output-topic", f"{name}-out"),
         *("--dead-letter-topic", f"{name}-dlq", "--window", "1h", "--lookback", "1h"),

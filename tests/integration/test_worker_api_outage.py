@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dedup_local.kube import ControlPlane
+from dedup_local.control_plane import ControlPlane
 from dedup_local.paths import free_port
 from dedup_worker.config import LeaseSettings, WorkerConfig
 from support.fencing_helpers import (

@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 
 from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
-from dedup_spark import reconcile
-from dedup_spark.audit import AuditRange
+from dedup_spark import audit_job
+from dedup_spark.audit_rules import AuditRange
 from dedup_spark.source import KafkaSource
 from support.ownership_pipeline import WORKERS, Pipeline, assert_exact
 from support.ownership_pipeline import produce as produce_routed
@@ -201,9 +201,9 @@ def test_sigkill_under_ownership_with_a_round_robin_producer(
     pipe.stop_all()
     cfg = pipe.config(0)
     now_ms = int(time.time() * 1000)
-    summary = reconcile.run(
+    summary = audit_job.run(
         spark,
-        reconcile.AuditJob(
+        audit_job.AuditJob(
             pipeline=pipe.name,
             namespace="default",
             kafka=KafkaSource(pipe.bootstrap),

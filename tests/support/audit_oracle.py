@@ -1,6 +1,6 @@
-"""The oracle for spark/dedup_spark/audit.py: the audit under ownership as plain loops.
+"""The oracle for spark/dedup_spark/audit_rules.py: the audit under ownership as plain loops.
 
-`audit.py` states its rules as array operations over columns (sorted keys, running
+`audit_rules.py` states its rules as array operations over columns (sorted keys, running
 maxima, binary searches over time ranks). This oracle does not reuse those formulas: it
 loops over records. Ids are grouped across partitions; which occurrence of an id is the
 published one is not defined across partitions, so it accepts any occurrence with the
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from dedup_contract.ownership import owner_reference
-from dedup_spark.audit import (
+from dedup_spark.audit_rules import (
     CONTENT_MISMATCH,
     DUPLICATE,
     MISPLACED,

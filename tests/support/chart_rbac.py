@@ -4,7 +4,7 @@ checks the rendered Roles equal these rows; test_chart_cluster.py asks the real 
 server (`kubectl auth can-i --as=system:serviceaccount:...`) for each of them.
 
 "granted on" marks verbs the operator never calls itself but puts in the worker Role
-(desired/pipeline.py) or the audit Role (desired/audit.py): the API server
+(desired/pipeline.py) or the audit Role (desired/scheduled_audit.py): the API server
 refuses to create a Role, or a RoleBinding to it, with permissions its creator does not
 hold (escalation prevention), and the operator holds no `escalate` or `bind`.
 """

@@ -5,8 +5,8 @@ renders, the worker's arguments, a handover's decision, the status, or an API ac
 tests/unit/test_crd_field_effects.py walks the CRD's openAPIV3Schema and fails for a
 leaf field missing here, for an entry naming no field of the CRD, and for an entry
 naming a test function that does not exist. A new field needs its test and its line
-here; a field nothing acts on does not belong in the API (`storage.snapshots` was
-removed for that reason: README, "Roadmap").
+here; a field nothing acts on does not belong in the API (hence no `storage.snapshots`:
+docs/operations.md, "Pipelines", on backups).
 
 A leaf is a schema node without `properties`: a scalar, a map (`additionalProperties`),
 a list, or a passed-through core/v1 object (`x-kubernetes-preserve-unknown-fields`).
@@ -123,7 +123,7 @@ FIELD_EFFECTS: Final[dict[str, Effect]] = {
     ),
     "spec.reconciliation.lookback": Effect(
         f"{AUDIT}::test_cron_job_command_is_what_dedup_reconcile_accepts",
-        "the audit's --lookback and the range dedup-reconcile derives from it",
+        "the audit's --lookback and the range dedup-audit derives from it",
     ),
     "spec.reconciliation.spark.image": Effect(
         f"{AUDIT}::test_explicit_master_keeps_the_cron_job", "the audit container's image"

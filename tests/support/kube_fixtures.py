@@ -1,4 +1,4 @@
-"""pytest fixtures for the real kube part (see local/dedup_local/kube.py).
+"""pytest fixtures for the real kube part (see local/dedup_local/control_plane.py).
 
 `kube`: one real control plane per test session (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler), started on first use.
@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from dedup_local.kube import ControlPlane
+from dedup_local.control_plane import ControlPlane
 from dedup_local.paths import REPO_ROOT
 
 CRD_FILES = sorted((REPO_ROOT / "crds").glob("*.yaml"))

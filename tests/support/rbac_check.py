@@ -3,7 +3,7 @@
 An RBAC evaluator of its own (independent of the chart's templates and of
 tests/support/chart_rbac.py's table): it takes the rendered ClusterRoles, Roles and
 their bindings as `helm template` prints them, and each request of the API server's audit
-log (local/dedup_local/kube.py writes one), and decides by RBAC's rules whether the
+log (local/dedup_local/control_plane.py writes one), and decides by RBAC's rules whether the
 request was allowed: a ClusterRoleBinding grants its ClusterRole everywhere, a
 RoleBinding grants its Role or ClusterRole in its own namespace only; a rule matches
 when its apiGroups, resources (with `resource/subresource`), verbs and, if any,

@@ -148,9 +148,9 @@ class Kubelets:
             self._hold_lease(pod)
 
     def _hold_lease(self, pod: Any) -> None:
-        """The worker's rule (CONTRACTS.md, `dedup_contract.lease_clock`): take the Lease iff
-        it is ours, or free or seen unchanged for its duration with leaseTransitions < our
-        epoch; then renew it."""
+        """The worker's rule (docs/design.md, "The partition Lease";
+        `dedup_contract.lease_clock`): take the Lease iff it is ours, or free or seen
+        unchanged for its duration with leaseTransitions < our epoch; then renew it."""
         labels = pod.metadata.labels
         epoch = int(labels[names.LABEL_EPOCH])
         lease_name = names.lease(labels[names.LABEL_PIPELINE], int(labels[names.LABEL_PARTITION]))

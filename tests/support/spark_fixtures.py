@@ -6,7 +6,7 @@ source jars are missing the fixture fails with the setup command to run
 (`make setup-spark`); it never skips.
 
 Loading this plugin points `DEDUP_SPARK_JARS` at the cached jars (as the image's ENV
-does), for the sessions the tests start and the jobs (`dedup-reconcile`,
+does), for the sessions the tests start and the jobs (`dedup-audit`,
 `dedup-backfill`) they run as processes.
 """
 

@@ -1,4 +1,4 @@
-"""The reconciliation audit's rules (spark/dedup_spark/audit.py), pure."""
+"""The reconciliation audit's rules (spark/dedup_spark/audit_rules.py), pure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dedup_spark.audit import (
+from dedup_spark.audit_rules import (
     AuditRange,
     DeadLetter,
     InputRecord,

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from dedup_contract.ownership import murmur2_reference
-from dedup_spark.audit import (
+from dedup_spark.audit_rules import (
     AuditRange,
     DeadLetter,
     Forwarded,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dedup_operator import audit_result as r
+from dedup_operator import audit_status as r
 
 
 def summary(passed: bool = True, finished: str = "2026-11-22T03:10:00Z", **totals: int) -> str:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from dedup_operator import ctl, ctl_view
-from dedup_operator.ctl_view import WorkerSample
+from dedupctl import cli as ctl
+from dedupctl import view as ctl_view
+from dedupctl.view import WorkerSample
 
 NOW = datetime(2026, 11, 23, 18, 0, 0, tzinfo=UTC)
 
@@ -237,7 +238,7 @@ def test_status_table_lists_waiting_partitions_and_bad_conditions() -> None:
 
 def _waiting_on_force_detach(release: str, why: str, steps: dict[str, float]) -> str:
     """`dedupctl status` of a pipeline whose partition 0 hands over with this release."""
-    from dedup_operator.failover import taint_blocked_why
+    from dedup_contract.handover import taint_blocked_why
 
     body = pipeline(phase="Degraded")
     body["status"]["partitions"][0] = {
@@ -265,7 +266,7 @@ def test_status_says_plainly_when_a_handover_waits_on_the_force_detach() -> None
     assert "the out-of-service taint on node-a is blocked by shop/db-0, ops/x-1" in line
     assert "dedicated node pool" in line and "node.cloudprovider.kubernetes.io/shutdown" in line
     # unknown pods, the WaitForDetach policy: said too, with their own reason
-    from dedup_operator.failover import taint_blocked_why
+    from dedup_contract.handover import taint_blocked_why
 
     unknown = taint_blocked_why("node-a", "its pods could not be listed (node-a)")
     text = _waiting_on_force_detach("TaintBlocked", unknown, {"fenced": 5.1})

@@ -290,7 +290,7 @@ def test_workers_get_the_internal_topic_and_the_worker_count() -> None:
 
 
 def test_workers_run_the_recorded_worker_count_not_spec_partitions() -> None:
-    from dedup_operator.ownership import decide
+    from dedup_operator.ownership_generation import decide
 
     grown = spec(partitions=6)  # spec.partitions changed after the workers started
     state = decide(grown, {"ownership": {"workers": 4, "reshards": 0}})
@@ -307,7 +307,7 @@ def test_workers_run_the_recorded_worker_count_not_spec_partitions() -> None:
 def test_a_pipeline_that_ran_before_ownership_keeps_its_pods_as_they_were() -> None:
     from dataclasses import replace
 
-    from dedup_operator.ownership import decide
+    from dedup_operator.ownership_generation import decide
 
     ran = {"partitions": [{"partition": 0, "epoch": 2, "pod": "events-p0-e2"}]}
     legacy = decide(spec(), ran).spec

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from dedup_contract import names
-from dedup_operator.desired import audit as rec
+from dedup_operator.desired import scheduled_audit as rec
 from dedup_operator.desired.owner import Owner
 from dedup_operator.desired.partition import worker_pod
 from dedup_operator.spec import PipelineSpec
-from dedup_spark.reconcile import build_parser, job_from_args
+from dedup_spark.audit_job import build_parser, job_from_args
 
 OWNER = Owner(name="events", namespace="analytics", uid="uid-1")
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_cron_job_without_the_spark_operator() -> None:
     assert job["template"]["metadata"]["labels"][names.LABEL_COMPONENT] == "reconciliation"
     container = pod["containers"][0]
     assert container["image"] == "registry/dedup:1.2"  # the worker's image by default
-    assert container["command"][0] == "dedup-reconcile"
+    assert container["command"][0] == "dedup-audit"
     assert {"name": "reports", "mountPath": "/reports"} in container["volumeMounts"]
     assert {"name": "reports", "emptyDir": {}} in pod["volumes"]
 
@@ -199,9 +199,9 @@ def test_scheduled_spark_application_with_the_spark_operator() -> None:
     assert (t["type"], t["mode"], t["sparkVersion"]) == ("Python", "cluster", "4.0.0")
     assert t["image"] == "registry/dedup:1.2"
     assert t["mainApplicationFile"] == (
-        "local:///opt/dedup/lib/python3.11/site-packages/dedup_spark/reconcile.py"
+        "local:///opt/dedup/lib/python3.11/site-packages/dedup_spark/audit_job.py"
     )
-    # the CronJob's command: without --master dedup-reconcile would run local[2]
+    # the CronJob's command: without --master dedup-audit would run local[2]
     assert t["arguments"] == rec.command(spec())[1:]
     assert flags(t["arguments"])["--master"] == "k8s"
     assert t["driver"]["serviceAccount"] == "events-reconcile"
@@ -253,5 +253,5 @@ def test_application_file_matches_the_dockerfile() -> None:
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11[-\w.]*\s*$", dockerfile, re.M)
     assert rec.IMAGE_PYTHON == "python3.11"
     assert f"python3 -m venv {rec.IMAGE_VENV}" in dockerfile
-    assert (ROOT / "spark" / "dedup_spark" / "reconcile.py").is_file()
-    assert rec.APPLICATION_FILE.endswith("/dedup_spark/reconcile.py")
+    assert (ROOT / "spark" / "dedup_spark" / "audit_job.py").is_file()
+    assert rec.APPLICATION_FILE.endswith("/dedup_spark/audit_job.py")

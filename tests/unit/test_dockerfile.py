@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 import tomllib
+from importlib.metadata import EntryPoint
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -37,13 +40,33 @@ def test_copies_only_paths_that_exist() -> None:
 
 def test_every_entry_point_is_installed_by_the_image() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert {"dedup-worker", "dedup-operator", "dedup-reconcile", "dedupctl"} <= set(scripts)
+    assert {"dedup-worker", "dedup-operator", "dedup-audit", "dedupctl"} <= set(scripts)
     # the project's commands, and kubectl's plugin name for dedupctl
     assert all(name.startswith("dedup") or name == "kubectl-dedup" for name in scripts)
     # the [spark] requirements, then the project itself (with its C extension)
     assert "p['optional-dependencies']['spark']" in DOCKERFILE, "the image installs Spark"
     assert "pip install --no-deps ." in DOCKERFILE
     assert "/opt/dedup/bin" in DOCKERFILE
+
+
+def test_every_entry_point_loads() -> None:
+    """Each [project.scripts] target is a function of the checkout (a moved module fails
+    here, not in the image)."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        assert callable(EntryPoint(name, target, "console_scripts").load()), name
+
+
+def test_the_audit_still_runs_under_its_old_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """`dedup-reconcile`, the audit's name before `dedup-audit`: Jobs of CronJobs an older
+    operator rendered still call it."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["dedup-reconcile"] == scripts["dedup-audit"] == "dedup_spark.audit_job:main"
+    main = EntryPoint("dedup-reconcile", scripts["dedup-reconcile"], "console_scripts").load()
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    assert "--pipeline" in capsys.readouterr().out
 
 
 def test_java_only_as_a_headless_runtime() -> None:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from dedup_contract.handover import HandoverReason, Release, taint_blocked_by, taint_blocked_why
 from dedup_operator import failover
 from dedup_operator.failover import (
     AttachmentView,
@@ -25,13 +26,11 @@ from dedup_operator.failover import (
     FailoverPolicy,
     FenceLease,
     Handover,
-    HandoverReason,
     LeaseView,
     NodePod,
     NodeView,
     PartitionObservation,
     PodView,
-    Release,
     ReleaseVolume,
     Steady,
     TaintOutOfService,
@@ -702,7 +701,7 @@ def test_foreign_pod_without_the_shutdown_signal_still_blocks_the_taint() -> Non
         why="its node is lost; the out-of-service taint on a is blocked",
     )
     assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
-    assert failover.taint_blocked_by(d.handover.release_why) == ("shop/postgres-0",)
+    assert taint_blocked_by(d.handover.release_why) == ("shop/postgres-0",)
 
 
 def test_shut_down_node_still_waits_for_other_workers_leases() -> None:
@@ -725,7 +724,7 @@ def test_shut_down_node_whose_pods_are_unknown_is_not_tainted() -> None:
     nodes = {**LOST, "a": replace(LOST["a"], pods=None, shut_down=True)}
     d = partition_action(obs(nodes=nodes, handover=fenced_handover(), lease=lease(1)), POLICY, s(13))  # fmt: skip
     assert d.handover is not None and d.handover.release == Release.TAINT_BLOCKED
-    assert failover.taint_blocked_by(d.handover.release_why) is None
+    assert taint_blocked_by(d.handover.release_why) is None
 
 
 def test_shutdown_signal_after_the_taint_was_blocked_taints_the_node_after_all() -> None:
@@ -799,10 +798,10 @@ def test_node_view_reads_the_cloud_shutdown_taint() -> None:
 
 
 def test_taint_blocked_by_reads_the_blocking_pods_back() -> None:
-    why = failover.taint_blocked_why("a", "it would evict shop/db-0, ops/cache-1")
-    assert failover.taint_blocked_by(why) == ("shop/db-0", "ops/cache-1")
-    assert failover.taint_blocked_by("node a was deleted") is None
-    assert failover.taint_blocked_by(None) is None
+    why = taint_blocked_why("a", "it would evict shop/db-0, ops/cache-1")
+    assert taint_blocked_by(why) == ("shop/db-0", "ops/cache-1")
+    assert taint_blocked_by("node a was deleted") is None
+    assert taint_blocked_by(None) is None
 
 
 def test_a_pod_gone_from_a_cordoned_node_is_a_planned_drain_handover() -> None:

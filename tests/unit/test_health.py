@@ -39,7 +39,7 @@ def test_ready_only_once_connected_and_started_and_live_throughout() -> None:
 
 def test_metrics_on_the_same_port_when_asked() -> None:
     async def scenario() -> None:
-        import dedup_operator.metrics  # noqa: F401  (registers the operator's metrics)
+        import dedup_operator.operator_metrics  # noqa: F401  (registers the operator's metrics)
 
         port = free_port()
         runner = await serve(Health(connected=True), port, "127.0.0.1", with_metrics=True)

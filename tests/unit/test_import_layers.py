@@ -1,8 +1,8 @@
 """The packages' layering, and each shared rule kept in its one owner, read from the source.
 
 `dedup_contract` (the rules the parts share) imports nothing of ours; `dedup_worker`,
-`dedup_operator` and `dedup_spark` import only `dedup_contract` and themselves, never each
-other; `dedup_local` (the local cluster harness and the demo) is tooling above everything
+`dedup_operator`, `dedup_spark` and `dedupctl` import only `dedup_contract` and
+themselves, never each other; `dedup_local` (the local cluster harness and the demo) is tooling above everything
 and not in the wheel; only it, the tests and the benches import it. Every import counts:
 at module level, inside functions, under TYPE_CHECKING, relative, and `importlib` calls
 with a literal name.
@@ -29,6 +29,7 @@ PACKAGES = {
     "dedup_worker": ROOT / "worker" / "dedup_worker",
     "dedup_operator": ROOT / "operator" / "dedup_operator",
     "dedup_spark": ROOT / "spark" / "dedup_spark",
+    "dedupctl": ROOT / "ctl" / "dedupctl",
     "dedup_local": ROOT / "local" / "dedup_local",
 }
 OURS = frozenset(PACKAGES)
@@ -37,6 +38,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "dedup_worker": frozenset({"dedup_contract", "dedup_worker"}),
     "dedup_operator": frozenset({"dedup_contract", "dedup_operator"}),
     "dedup_spark": frozenset({"dedup_contract", "dedup_spark"}),
+    "dedupctl": frozenset({"dedup_contract", "dedupctl"}),
     "dedup_local": OURS,
 }
 """Which of our packages each package may import."""
@@ -137,9 +139,28 @@ def test_the_wheel_holds_no_test_harness() -> None:
         )
     }
     assert not any(p.split(".")[0] == "dedup_local" for p in wheel), sorted(wheel)
-    assert {"dedup_contract", "dedup_worker", "dedup_operator", "dedup_spark"} <= wheel
+    assert {"dedup_contract", "dedup_worker", "dedup_operator", "dedup_spark", "dedupctl"} <= wheel
     for extension in setuptools.get("ext-modules", []):
         assert extension["name"].rpartition(".")[0] in wheel, extension
+
+
+SHARED_BASENAMES = frozenset({"__init__.py", "__main__.py", "cli.py"})
+"""File names several packages may use: a package's own, its `python -m`, its command."""
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name, one module: `kube.py`, `audit.py` or `reconcile.py` in two places makes
+    every mention of one (a log line, a doc, a grep) ambiguous."""
+    by_name: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for _, path in modules(package):
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {
+        name: paths
+        for name, paths in sorted(by_name.items())
+        if len(paths) > 1 and name not in SHARED_BASENAMES
+    }
+    assert shared == {}, f"modules sharing a file name: {shared}"
 
 
 # ----------------------------------------------------------- one owner per rule's pattern
@@ -196,3 +217,26 @@ def test_each_rule_is_written_only_by_its_owner(rule: str) -> None:
     assert any(hit.startswith(owner + ":") for hit in found), f"{owner} no longer has it"
     strays = sorted(h for h in found if h.split(":")[0] not in {owner, *elsewhere})
     assert strays == [], f"{rule}: only {owner} may do this; use it instead:\n" + "\n".join(strays)
+
+
+# ------------------------------------------------------- the worker's metric names
+WORKER_METRICS = "contract/dedup_contract/worker_metrics.py"
+COUNTER_SAMPLE = re.compile(r"[\"']dedup_[a-z0-9_]+_total[\"']")
+"""A counter's sample name as a string literal (`"dedup_records_in_total"`)."""
+
+
+def test_worker_metric_names_are_written_only_by_their_owner() -> None:
+    """The worker exports them, the operator and dedupctl read them: each name is written
+    once, in the contract. Searched in the packages, bench/ and scripts/ (the tests,
+    the chart and the docs state them as what they check or show)."""
+    places = [*PACKAGES.values(), ROOT / "bench", ROOT / "scripts"]
+    found = {
+        f"{path.relative_to(ROOT)}:{n}"
+        for place in places
+        for path in sorted(place.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if COUNTER_SAMPLE.search(line)
+    }
+    assert any(hit.startswith(WORKER_METRICS + ":") for hit in found), "the owner lost them"
+    strays = sorted(h for h in found if h.split(":")[0] != WORKER_METRICS)
+    assert strays == [], f"use {WORKER_METRICS}'s names instead:\n" + "\n".join(strays)

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dedup_operator import metrics
+from dedup_operator import operator_metrics
 from dedup_operator import reconcile as reconcile_module
 from dedup_operator.kube import Conflict, Kube, NotLeader
 from dedup_operator.memory import LeaseWatch, PipelineMemory
@@ -126,7 +126,7 @@ def test_a_pass_meeting_a_conflict_or_lost_leadership_is_abandoned(
         raise raised
 
     monkeypatch.setattr(reconcile_module, "_pass", stale)
-    counter = metrics.RECONCILES.labels("ns", "events", result)
+    counter = operator_metrics.RECONCILES.labels("ns", "events", result)
     before = counter._value.get()
     outcome = reconcile(
         kube,

@@ -1,7 +1,7 @@
-"""Which ownership generation a pipeline's workers run (dedup_operator.ownership), and
-what the reconcile pass's plan does with it: status.ownership recorded before the first
-worker, ReshardPending for a changed spec.partitions, OwnershipOff for a pipeline that
-ran before ownership."""
+"""Which ownership generation a pipeline's workers run
+(dedup_operator.ownership_generation), and what the reconcile pass's plan does with it:
+status.ownership recorded before the first worker, ReshardPending for a changed
+spec.partitions, OwnershipOff for a pipeline that ran before ownership."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from test_plan import NOW, observation
 from test_plan import spec as plan_spec
 
 from dedup_contract import names
+from dedup_contract.ownership_status import ran_before
 from dedup_operator.failover import CreatePod, LeaseView
-from dedup_operator.ownership import OWNERSHIP_OFF, RESHARD_PENDING, decide, ran_before
+from dedup_operator.ownership_generation import OWNERSHIP_OFF, RESHARD_PENDING, decide
 from dedup_operator.plan import pipeline_status, plan_pass
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.topics import TopicCheck

@@ -1,7 +1,8 @@
-"""The one-step switch of an OwnershipOff pipeline to ownership (dedup_operator.ownership,
-and the plan's use of it): which phase the switch is in, and the one rule it rests on —
-no worker starts under ownership before every old worker is gone and fenced (an old and
-a new worker side by side would publish an id twice). Passes are run by hand over
+"""The one-step switch of an OwnershipOff pipeline to ownership
+(dedup_operator.ownership_generation, and the plan's use of it): which phase the switch
+is in, and the one rule it rests on — no worker starts under ownership before every old
+worker is gone and fenced (an old and a new worker side by side would publish an id
+twice). Passes are run by hand over
 observations built here, each status written as the operator writes it (merge patch)."""
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ from typing import Any
 from test_plan import NOW, lease, node, observation, spec, worker
 
 from dedup_contract import names
+from dedup_contract.handover import HandoverReason
+from dedup_contract.ownership_status import OWNERSHIP_SWITCHING
 from dedup_operator.desired.partition import template_hash, worker_env
 from dedup_operator.failover import (
     BeginHandover,
     CreatePod,
     DeletePods,
     FenceLease,
-    HandoverReason,
     LeaseView,
     PodView,
     Steady,
 )
-from dedup_operator.ownership import (
+from dedup_operator.ownership_generation import (
     OFF,
     OWNERSHIP_OFF,
-    OWNERSHIP_SWITCHING,
     SWITCHING,
     HeldStart,
     SwitchPhase,
@@ -315,7 +316,7 @@ def pipeline(status: Mapping[str, Any], annotations: Mapping[str, str] | None = 
 
 
 def test_dedupctl_tells_where_a_pipeline_stands_with_ownership() -> None:
-    from dedup_operator import ctl_view
+    from dedupctl import view as ctl_view
 
     asked = {names.ANNOTATION_SWITCH_TO_OWNERSHIP: "true"}
     assert ctl_view.switch_state(pipeline({**RAN, "ownership": OFF})) == "off"
@@ -355,7 +356,7 @@ def test_dedupctl_switch_ownership_needs_yes_and_sets_the_annotation(capsys: Any
 
     import pytest
 
-    from dedup_operator import ctl
+    from dedupctl import cli as ctl
 
     cluster = FakeCluster(pipeline({**RAN, "ownership": OFF}))
     with pytest.raises(SystemExit) as exit_:

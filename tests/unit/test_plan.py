@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dedup_contract import names
+from dedup_contract.handover import HandoverReason
 from dedup_operator.desired.partition import template_hash
 from dedup_operator.failover import (
     CreatePod,
     FenceLease,
-    HandoverReason,
     LeaseView,
     NodeView,
     PodView,

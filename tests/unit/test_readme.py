@@ -213,7 +213,7 @@ def crd_schema_columns() -> list[str]:
 def test_the_dedupctl_sample_has_the_columns_dedupctl_prints() -> None:
     from datetime import UTC, datetime
 
-    from dedup_operator import ctl_view
+    from dedupctl import view as ctl_view
 
     body = {
         "metadata": {"namespace": "default", "name": "events"},

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dedup_operator import ctl
+from dedupctl import cli as ctl
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dedup-operator"
@@ -78,7 +78,7 @@ def dedupctl_subcommands(text: str) -> set[str]:
 def dedupctl() -> list[str]:
     """The venv's `dedupctl`, else the same module through this interpreter."""
     script = Path(sys.executable).with_name("dedupctl")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "dedup_operator.ctl"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "dedupctl.cli"]
 
 
 @cache

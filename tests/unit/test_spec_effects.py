@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dedup_contract.handover import HandoverReason
 from dedup_contract.store import MiB
 from dedup_operator import failover
 from dedup_operator.desired.owner import Owner
@@ -23,7 +24,6 @@ from dedup_operator.failover import (
     BeginHandover,
     DeletePods,
     Handover,
-    HandoverReason,
     LeaseView,
     NodePod,
     NodeView,

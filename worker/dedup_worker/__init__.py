@@ -1,1 +1,2 @@
-"""The dedup worker: one Kafka input partition -> RocksDB window -> one output partition."""
+"""The dedup worker: its share of the input (and internal) partitions -> RocksDB window ->
+its output partition."""

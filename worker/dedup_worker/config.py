@@ -1,4 +1,4 @@
-"""What a worker is told to do: one partition of one pipeline, and how.
+"""What a worker is told to do: its share (one partition number) of one pipeline, and how.
 
 Filled from the CLI flags / environment (standalone) or from the pod spec the operator
 renders (in Kubernetes); the same dataclass either way.
@@ -23,8 +23,9 @@ def transactional_id(namespace: str, pipeline: str, partition: int) -> str:
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    """The partition's Lease this worker must hold to commit (in Kubernetes; CONTRACTS.md).
-    Absent, the worker runs standalone and only Kafka's transactional fence guards it."""
+    """The partition's Lease this worker must hold to commit (in Kubernetes; docs/design.md,
+    "The partition Lease"). Absent, the worker runs standalone and only Kafka's
+    transactional fence guards it."""
 
     name: str  # `<pipeline>-p<N>` in the pipeline's namespace
     holder_identity: str  # the pod's name, `<pipeline>-p<N>-e<epoch>`

@@ -1,6 +1,7 @@
 """The partition Lease's rules, as pure decisions (no API server, no clocks of their own).
 
-One `coordination.k8s.io/v1` Lease per partition fences its workers (CONTRACTS.md):
+One `coordination.k8s.io/v1` Lease per partition fences its workers (docs/design.md, "The
+partition Lease"):
 
 - `spec.holderIdentity` is the pod holding it, `<pipeline>-p<N>-e<epoch>`;
 - `spec.leaseTransitions` is the epoch: the worker started for epoch E writes E when it

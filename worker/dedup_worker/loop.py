@@ -1,10 +1,11 @@
-"""The exactly-once loop of one worker: input partition -> window -> output partition.
+"""The exactly-once loop of one worker: its input (and internal-topic) partitions -> window
+-> its output partition, forwarding the records whose id another worker owns.
 
-Start-up (DESIGN section 4): fencing token, store, transactional producer
-(`init_transactions` fences zombies), catch-up from the output topic, resume input from
-the offset committed in the last transaction. Then per batch: triage, multi-get, one
-Kafka transaction (output records, dead letters, input offsets), and only after the
-commit one store write batch.
+Start-up (docs/design.md, "Start-up and the loop"): fencing token, store, transactional
+producer (`init_transactions` fences zombies), catch-up from the output topic, resume
+input from the offsets committed in the last transaction. Then per batch: triage,
+multi-get, one Kafka transaction (output records, forwarded records, dead letters, input
+offsets), and only after the commit one store write batch.
 
 A worker whose Lease hold lapsed (no successful renew within the renew deadline) pauses:
 the transaction in flight is aborted (the input rewound to it), nothing is consumed or
@@ -790,7 +791,7 @@ class DedupWorker:
                 return False
             # The flush before the offsets: sent first, the offsets overlap the delivery
             # and the main thread waits less for the commit, but records/s did not
-            # follow (bench/README, "Overlapping more on two cores").
+            # follow (bench/HISTORY.md, "Overlapping more on two cores").
             producer.flush()
             producer.send_offsets_to_transaction(
                 [

@@ -17,6 +17,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from dedup_contract import worker_metrics
+
 LABELS = ("pipeline", "partition")
 
 
@@ -35,77 +37,89 @@ class WorkerMetrics:
             return Gauge(name, doc, LABELS, registry=r)
 
         self.records_in = counter(
-            "dedup_records_in", "Input records consumed (forwarded ones: dedup_records_received)"
+            worker_metrics.RECORDS_IN,
+            "Input records consumed (forwarded ones: dedup_records_received)",
         ).labels(**labels)
         self.forwarded = counter(
-            "dedup_records_forwarded",
+            worker_metrics.RECORDS_FORWARDED,
             "Records read whose id another worker owns, forwarded to it through the "
             "internal topic (over dedup_records_in: the misrouted share)",
         ).labels(**labels)
         self.received = counter(
-            "dedup_records_received",
+            worker_metrics.RECORDS_RECEIVED,
             "Records read from the internal topic: forwarded to this worker by others",
         ).labels(**labels)
         self.forwarded_stalled = gauge(
-            "dedup_forwarded_stalled_seconds",
+            worker_metrics.FORWARDED_STALLED_SECONDS,
             "Age of the oldest open transaction holding forwarded records back on the "
             "internal partitions this worker reads (0: none). A forwarder killed "
             "mid-transaction holds them until its replacement starts or "
             "transaction.timeout.ms",
         ).labels(**labels)
         self.forwarded_lag = gauge(
-            "dedup_forwarded_lag",
+            worker_metrics.FORWARDED_LAG,
             "Records forwarded to this worker not read yet (internal topic, read_committed)",
         ).labels(**labels)
         self.records_out = counter(
-            "dedup_records_out", "Records published to the output topic"
+            worker_metrics.RECORDS_OUT, "Records published to the output topic"
         ).labels(**labels)
         self.duplicates = counter(
-            "dedup_duplicates", "Records dropped as duplicates of an id in the window"
+            worker_metrics.DUPLICATES, "Records dropped as duplicates of an id in the window"
         ).labels(**labels)
         self._dead_letters = Counter(
-            "dedup_dead_letters",
+            worker_metrics.DEAD_LETTERS,
             "Records sent to the dead-letter topic, by reason",
             (*LABELS, "reason"),
             registry=r,
         )
         self._labels = labels
-        self.transactions = counter("dedup_transactions", "Committed transactions").labels(**labels)
-        self.aborts = counter("dedup_transaction_aborts", "Aborted transactions").labels(**labels)
+        self.transactions = counter(worker_metrics.TRANSACTIONS, "Committed transactions").labels(
+            **labels
+        )
+        self.aborts = counter(worker_metrics.TRANSACTION_ABORTS, "Aborted transactions").labels(
+            **labels
+        )
         self.fencing_events = counter(
-            "dedup_fencing_events", "Times this worker found itself fenced"
+            worker_metrics.FENCING_EVENTS, "Times this worker found itself fenced"
         ).labels(**labels)
         self.paused = gauge(
-            "dedup_paused", "1 while paused: the Lease hold lapsed, nothing consumed or committed"
+            worker_metrics.PAUSED,
+            "1 while paused: the Lease hold lapsed, nothing consumed or committed",
         ).labels(**labels)
         self.pauses = counter(
-            "dedup_pauses", "Times this worker paused because its Lease hold lapsed"
+            worker_metrics.PAUSES, "Times this worker paused because its Lease hold lapsed"
         ).labels(**labels)
         self.paused_seconds = counter(
-            "dedup_paused_seconds", "Time spent paused (counted when it resumes)"
+            worker_metrics.PAUSED_SECONDS, "Time spent paused (counted when it resumes)"
         ).labels(**labels)
         self.batch_seconds = Histogram(
-            "dedup_batch_commit_seconds",
+            worker_metrics.BATCH_COMMIT_SECONDS,
             "Time from the start of a batch's transaction to its commit",
             LABELS,
             registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         ).labels(**labels)
-        self.store_keys = gauge("dedup_store_keys", "Ids held in the window").labels(**labels)
-        self.store_bytes = gauge("dedup_store_bytes", "Bytes of the store on disk").labels(**labels)
+        self.store_keys = gauge(worker_metrics.STORE_KEYS, "Ids held in the window").labels(
+            **labels
+        )
+        self.store_bytes = gauge(worker_metrics.STORE_BYTES, "Bytes of the store on disk").labels(
+            **labels
+        )
         self.window_age = gauge(
-            "dedup_window_age_seconds", "Age of the oldest id in the window (effective window)"
+            worker_metrics.WINDOW_AGE_SECONDS,
+            "Age of the oldest id in the window (effective window)",
         ).labels(**labels)
         self.consumer_lag = gauge(
-            "dedup_consumer_lag", "Input records behind the partition's end"
+            worker_metrics.CONSUMER_LAG, "Input records behind the partition's end"
         ).labels(**labels)
         self.recovery_seconds = gauge(
-            "dedup_recovery_seconds", "Duration of the last start-up recovery"
+            worker_metrics.RECOVERY_SECONDS, "Duration of the last start-up recovery"
         ).labels(**labels)
         self.recovered_ids = gauge(
-            "dedup_recovered_ids", "Ids re-applied from the output topic at the last start-up"
+            worker_metrics.RECOVERED_IDS,
+            "Ids re-applied from the output topic at the last start-up",
         ).labels(**labels)
-        self.expired_ids = counter("dedup_expired_ids", "Ids aged out of the window").labels(
+        self.expired_ids = counter(worker_metrics.EXPIRED_IDS, "Ids aged out of the window").labels(
             **labels
         )
 

@@ -1,6 +1,6 @@
 {{/*
-What the operator calls, derived from operator/dedup_operator/*.py (the README's RBAC
-table and tests/integration/test_chart_rbac.py list the same rows). Verbs marked
+What the operator calls, derived from operator/dedup_operator/*.py (the RBAC table of
+docs/operations.md#rbac and tests/support/chart_rbac.py list the same rows). Verbs marked
 "granted on" are ones the operator does not call itself but grants in the Roles it
 creates: Kubernetes refuses to create a Role or RoleBinding with permissions its
 creator does not hold (escalation prevention), and the operator holds no escalate/bind.

@@ -1,4 +1,4 @@
-"""LocalCluster: a real control plane (dedup_local.kube.ControlPlane) plus N nodes whose
+"""LocalCluster: a real control plane (dedup_local.control_plane.ControlPlane) plus N nodes whose
 agents run pods (as processes, or with `containers=True` the project's image in real
 containers through podman: runtime.py), a per-node API proxy, and a volume pool with its
 attacher.
@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_operator.failover import SHUTDOWN_TAINT
 
-from ..kube import ControlPlane
+from ..control_plane import ControlPlane
 from ..paths import cache_dir
 from .agent import NodeAgent
 from .attacher import STORAGE_CLASS, Attacher, as_json

@@ -5,5 +5,6 @@ partition's epoch) -> the API objects the operator creates, as JSON-ready dicts.
 - `partition`: per partition the PVC, the Lease and the worker Pod (+ its template hash);
 - `pipeline`: per pipeline the workers' ServiceAccount/Role/RoleBinding, the headless
   metrics Service and the PodDisruptionBudget;
-- `reconciliation`: the scheduled audit (helper "spark").
+- `scheduled_audit`: the scheduled audit (`spec.reconciliation`): its CronJob or
+  ScheduledSparkApplication and the driver's RBAC.
 """

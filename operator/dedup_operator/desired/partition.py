@@ -1,10 +1,10 @@
 """Per partition: the PVC `P-pN`, the Lease `P-pN` and the worker Pod `P-pN-e<epoch>`.
 
 The worker is configured entirely through `DEDUP_*` environment variables (the worker's
-flags, see worker/dedup_worker/cli.py and shared-notes/CONTRACTS.md). A pod's template
-(everything but its name, epoch and placement of a replacement) is hashed into the
-`dedup.io/spec-hash` annotation: a spec change shows up as a different hash and is
-rolled one partition at a time.
+flags, see worker/dedup_worker/cli.py and docs/design.md, "Worker configuration"). A
+pod's template (everything but its name, epoch and placement of a replacement) is hashed
+into the `dedup.io/spec-hash` annotation: a spec change shows up as a different hash and
+is rolled one partition at a time.
 """
 
 from __future__ import annotations

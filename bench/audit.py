@@ -1,7 +1,7 @@
-"""Throughput of the reconciliation audit (`dedup-reconcile`), against a plain Python reader.
+"""Throughput of the reconciliation audit (`dedup-audit`), against a plain Python reader.
 
-    python bench/reconcile.py [--records 1000000 5000000] [--partitions 8]
-                              [--masters local[2]] [--skip-baseline]
+    python bench/audit.py [--records 1000000 5000000] [--partitions 8]
+                          [--masters local[2]] [--skip-baseline]
 
 Workload per size: an input topic of 300-byte JSON records over 8 partitions with 10%
 repeats within the window and 0.1% invalid records, the output topic correct workers
@@ -9,15 +9,16 @@ under ownership would write (as many workers as partitions; first occurrences, e
 output partition owner(id), in input order per input partition; transactional) and the
 dead letters. Filled once per size (not timed).
 
-Ours: `dedup_spark.reconcile.run` on Spark (`local[2]`, or `k8s` with two executors
-when run inside a driver pod, see bench/README.md), timed twice: reading alone (the three
-topics through Spark's Kafka source and the worker's id rules, to a no-op sink) and the
-whole audit; computing = audit - reading. A first run on the fresh JVM (JIT, Python
-workers) is printed as `cold`; then three runs, of which the median is reported.
+Ours: `dedup_spark.audit_job.run` on Spark (`local[2]`, or `k8s` with two executors
+when run inside a driver pod, see bench/README.md, "Reconciliation audit"), timed twice:
+reading alone (the three topics through Spark's Kafka source and the worker's id rules,
+to a no-op sink) and the whole audit; computing = audit - reading. A first run on the
+fresh JVM (JIT, Python workers) is printed as `cold`; then three runs, of which the
+median is reported.
 Baseline: one Python process reading the same topics with confluent-kafka (read
 committed), extracting ids with the same `dedup_contract.ids` and content digests of its own
 (BLAKE2b; Spark's are the JVM's xxhash64), and running the same rules in one process
-(`dedup_spark.audit.audit_records`, across partitions). Both must report the same counts.
+(`dedup_spark.audit_rules.audit_records`, across partitions). Both must report the same counts.
 Prints input records audited per second of wall time, records read per second (input,
 output and dead letters: every record the audit reads and checks), and the ratio.
 Target: >= 200,000 input records/s on `local[2]`.
@@ -44,7 +45,7 @@ from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPI
 from dedup_contract.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker, produce_all
-from dedup_spark import audit, reconcile
+from dedup_spark import audit_job, audit_rules
 from dedup_spark.source import KafkaSource, read_topic, with_ids
 
 REPEAT_SHARE = 0.10
@@ -151,8 +152,8 @@ def _flush(
     outs.clear()
 
 
-def job(bootstrap: str, name: str, report: Path, partitions: int) -> reconcile.AuditJob:
-    return reconcile.AuditJob(
+def job(bootstrap: str, name: str, report: Path, partitions: int) -> audit_job.AuditJob:
+    return audit_job.AuditJob(
         pipeline=name,
         namespace="bench",
         kafka=KafkaSource(bootstrap),
@@ -162,7 +163,7 @@ def job(bootstrap: str, name: str, report: Path, partitions: int) -> reconcile.A
         id_spec=SPEC,
         window_ms=WINDOW_MS,
         slack_ms=WINDOW_MS // 4,
-        audit_range=audit.AuditRange(),
+        audit_range=audit_rules.AuditRange(),
         report_dir=str(report),
         consumer_group=None,
         workers=partitions,
@@ -181,7 +182,7 @@ def run_spark(
     read_topic(spark, src, f"{name}-dlq").write.format("noop").mode("overwrite").save()
     reading = time.perf_counter() - start
     start = time.perf_counter()
-    summary = reconcile.run(spark, job(bootstrap, name, report, partitions))
+    summary = audit_job.run(spark, job(bootstrap, name, report, partitions))
     total = time.perf_counter() - start
     return {"reading_s": reading, "total_s": total, "totals": summary["totals"]}
 
@@ -203,13 +204,13 @@ def plain_digest(
 
 def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
     start = time.perf_counter()
-    inputs: list[audit.InputRecord] = []
-    outputs: list[audit.OutputRecord] = []
-    dead: list[audit.DeadLetter] = []
+    inputs: list[audit_rules.InputRecord] = []
+    outputs: list[audit_rules.OutputRecord] = []
+    dead: list[audit_rules.DeadLetter] = []
     for msg in _read(kafka, f"{name}-in", partitions):
         digest = plain_digest(msg.key(), msg.value(), msg.headers())
         try:
-            rec = audit.InputRecord(
+            rec = audit_rules.InputRecord(
                 msg.offset(),
                 msg.timestamp()[1],
                 extract_id(SPEC, msg.key(), msg.value(), msg.headers()),
@@ -217,7 +218,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
                 partition=msg.partition(),
             )
         except InvalidRecord as bad:
-            rec = audit.InputRecord(
+            rec = audit_rules.InputRecord(
                 msg.offset(), msg.timestamp()[1], None, bad.reason, digest, msg.partition()
             )
         inputs.append(rec)
@@ -229,7 +230,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
         except InvalidRecord:
             mid = None
         outputs.append(
-            audit.OutputRecord(
+            audit_rules.OutputRecord(
                 msg.offset(),
                 msg.timestamp()[1],
                 mid,
@@ -242,15 +243,17 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
         origin = int(headers[DLQ_PARTITION] or b"-1")
         reason = (headers.get(DLQ_REASON) or b"").decode() or None
         dead.append(
-            audit.DeadLetter(int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason, origin)
+            audit_rules.DeadLetter(
+                int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason, origin
+            )
         )
     reading = time.perf_counter() - start
-    result = audit.audit_records(
+    result = audit_rules.audit_records(
         inputs,
         outputs,
         dead,
         workers=partitions,
-        audit_range=audit.AuditRange(),
+        audit_range=audit_rules.AuditRange(),
         window_ms=WINDOW_MS,
         slack_ms=WINDOW_MS // 4,
     )
@@ -299,7 +302,7 @@ def main() -> int:
         return in_pod(args.bootstrap, args.name, args.executors, args.partitions)
 
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-reconcile-")))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-audit-")))
         kafka = stack.enter_context(KafkaBroker())
         rows = []
         for total in args.records:
@@ -401,7 +404,7 @@ def in_pod(bootstrap: str, name: str, executors: int, partitions: int) -> int:
     from dedup_spark.session import SparkSettings, spark_session
 
     spark = spark_session(
-        "bench-reconcile",
+        "bench-audit",
         SparkSettings(
             "k8s",
             image=PROJECT_IMAGE,
@@ -426,7 +429,7 @@ def _session(master: str, work: Path) -> Any:
 
     use_cached_kafka_jars()  # the jars the job takes from DEDUP_SPARK_JARS, as in the image
     return spark_session(
-        "bench-reconcile",
+        "bench-audit",
         SparkSettings(master, driver_memory="4g", conf={"spark.sql.shuffle.partitions": "8"}),
     )
 

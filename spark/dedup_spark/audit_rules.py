@@ -1,68 +1,28 @@
 """The reconciliation audit of a pipeline under ownership, as pure rules over what was read.
 
-The contract it checks (issue 26): `owner(id) = (murmur2(id) & 0x7fffffff) % workers`,
-worker `w` publishes only ids it owns, to output partition `w`; an input record may
-arrive on any input partition, and a worker that reads an id it does not own forwards it
-through the internal topic to its owner, which publishes it unchanged (original key,
-value, headers and timestamp, plus the `dedup.id` header). So an id's occurrences are
-spread over input partitions, and which of them is published first is not defined across
-partitions. The audit therefore groups by id across all partitions, with its own hash
-(`murmur2.py`, not the worker's).
+The contract it checks: `owner(id) = (murmur2(id) & 0x7fffffff) % workers`; worker `w`
+publishes only the ids it owns, to output partition `w`, whatever input partition an
+occurrence arrived on (a worker forwards what it does not own through the internal topic
+to its owner, which publishes it unchanged plus the `dedup.id` header). Which occurrence
+of an id is published first is not defined across partitions, so the audit groups by id
+across all partitions, with its own hash (`murmur2.py`, not the worker's).
 
-Input: the input records (each with its partition, offset, timestamp, id under the
-pipeline's rules or dead-letter reason, and content digest), the output records (with
-their partition, offset, timestamp, id and digest), the dead letters (with the input
-partition and offset they name), and the forwarded records the owner has not consumed
-yet (`Forwarded`: internal-topic records at or above the consumer group's committed
-offset of their internal partition, named by their `dedup.origin`).
+Input: the input records (partition, offset, timestamp, id under the pipeline's rules or
+dead-letter reason, content digest), the output records (partition, offset, timestamp,
+id, digest), the dead letters (with the input partition and offset they name) and the
+forwarded records their owner has not consumed yet (`Forwarded`, by `dedup.origin`). Only
+input in range (`AuditRange`), committed by the pipeline and, if forwarded, consumed by
+its owner is checked; the rest is `pending`. Counted: duplicates, misplaced, missing
+(with the `slack` of `dedup_contract.window`), unverifiable (`Retention`), content
+mismatches (`source.content_digest`), missing dead letters, unexpected, order violations,
+per partition and in total: each defined in docs/audit.md, "What it counts". The audit
+passes when every failure count is zero (`passed(totals, fail_on_unverifiable=...)`).
 
-What is checked, for the records *in range* (`AuditRange`) and only for input the
-pipeline has committed (offsets below the group's committed offset of their input
-partition, when known) and whose forwarded copy, if any, its owner has consumed (the
-rest is `pending`, not yet the pipeline's to have done):
-
-* **duplicates**: publications of an id less than a window (by record timestamp) after
-  the previous publication of the same id, on any output partition;
-* **misplaced**: publications on an output partition other than their id's owner;
-* **missing**: valid input occurrences that no publication accounts for. An occurrence
-  is accounted for when it is *published* (an output record is the publication of the
-  first input occurrence, by partition and offset, with the same id and timestamp, as
-  the worker keeps the input's timestamp, and with its contents when digests tell
-  copies of one millisecond apart), or when a publication of its id lies within
-  ±(window + slack) of it, except one from a *later* offset of the same input partition
-  (the owner meets one input partition's records in offset order, directly or through
-  its internal partition, so that publication came after this occurrence and cannot be
-  why it was dropped); a publication from an *earlier* offset of the same input
-  partition accounts for it when dated at or after its timestamp minus window and slack
-  (the rule before ownership). `slack`: the worker keeps an id a little longer than its
-  duration (up to `1/generations` more, `dedup_contract.window`);
-* **unverifiable**: what retention deleted before the audit could read it (`Retention`):
-  in-range input offsets no longer in the input topic (one finding per partition, by
-  offset span), and unaccounted occurrences whose publication may have been in deleted
-  output (the window reaches back past the oldest retained record of the id's owner
-  partition). `passed(totals, fail_on_unverifiable=...)` decides;
-* **content mismatches**: output records whose key, value or headers (the worker's
-  `dedup.id` header aside) match those of no input occurrence of their id with their
-  timestamp (any input partition), by 64-bit digests (`source.content_digest`) when both
-  sides have one;
-* **missing dead letters**: invalid input records with no dead letter naming their
-  partition and offset;
-* **unexpected**: output records whose id has no input occurrence at all;
-* **order violations**: per (input partition, output partition) pair only, output
-  records whose input occurrence comes before that of an earlier output record of the
-  same pair (an owner publishes one input partition's records in its order);
-* counts per partition (input side: input, valid, distinct, pending, dead-lettered,
-  missing, missing dead letters, unverifiable; output side: published, duplicates,
-  misplaced, unexpected, order violations, content mismatches), the total distinct ids
-  across partitions, and the input's duplicate rate.
-
-The audit passes when all failure counts are zero (and, by default, nothing is
-unverifiable). Nothing here does I/O. The work is split so Spark can run it in groups:
-`audit_ids` (all records of a set of ids, across partitions), `audit_invalid` (one input
-partition's invalid records and dead letters), `order_violations` (one output
-partition's publications and their sources) and `lost_input` (retention, per input
-partition); `audit_records` runs all of them in one process (unit tests,
-`bench/reconcile.py`'s plain reader).
+Nothing here does I/O. The work is split so Spark can run it in groups: `audit_ids` (all
+records of a set of ids, across partitions), `audit_invalid` (one input partition's
+invalid records and dead letters), `order_violations` (one output partition's
+publications and their sources) and `lost_input` (retention, per input partition);
+`audit_records` runs all of them in one process (unit tests, `bench/audit.py`'s reader).
 """
 
 from __future__ import annotations
@@ -323,7 +283,8 @@ class AuditResult:
         return totals_of(self.counts.get(partition, Counter()))
 
     def totals(self) -> dict[str, Any]:
-        """The counts under the summary's names (CONTRACTS.md), over all partitions."""
+        """The counts under the summary's names (docs/design.md, "Result to the pipeline"),
+        over all partitions."""
         return add_totals(self.counts.values(), distinct=self.distinct_ids)
 
     def count(self, kind: str) -> int:

@@ -3,49 +3,26 @@
 Under ownership each id has one owner, `owner(id) = (murmur2(id) & 0x7fffffff) % workers`
 (`dedup_contract.ownership`): worker w reads input partitions i with i % workers == w and
 internal-topic partitions q with q % workers == w, publishes the ids it owns to output
-partition w, and forwards the others through the internal topic. The worker count is part
-of every store and of the internal topic's layout, so it is fixed once workers started:
-
-- a new pipeline gets ownership, with `workers = spec.partitions`; the operator records
-  `status.ownership = {workers, reshards: 0}` before it creates the first worker (the
-  plan's record, written before any action), and renders every worker from that record
-  from then on;
-- a later change of spec.partitions is refused until resharding exists: condition
-  `ReshardPending`, the workers keep running with the recorded count (the input topic
-  may grow freely meanwhile: worker i % workers reads a new partition i);
-- a pipeline that ran before ownership existed (its status shows workers started, and
-  no `status.ownership`) is not switched silently: its workers' stores are of the old
-  format, which the new worker refuses, and an old and a new worker side by side would
-  publish ids twice. It keeps its workers as they were (no DEDUP_OWNED_TOPIC /
-  DEDUP_WORKERS, worker p reads input partition p, the input must have spec.partitions
-  partitions) under condition `OwnershipOff` until it is switched. The decision is
-  recorded as `status.ownership = {enabled: false}` with the first status written after
-  it: the partition entries it was read from are rewritten from the pods each pass (a
-  pipeline whose pods are all gone would otherwise look new).
+partition w, and forwards the others through the internal topic. The worker count is
+fixed once workers started (`status.ownership = {workers, reshards: 0}`, recorded before
+a new pipeline's first worker; a later spec.partitions change: `ReshardPending`). A
+pipeline whose workers ran before ownership keeps them as they were under `OwnershipOff`
+(`status.ownership = {enabled: false}`) until it is switched (docs/design.md, "The
+guarantee and what it assumes").
 
 The switch (annotation `dedup.io/switch-to-ownership: "true"`, `dedupctl
-switch-ownership`) is one step for the whole pipeline and one way. An old and a new worker
-side by side would publish an id twice (the old one to its own partition, the new one
-through its owner), so no worker starts under ownership before every old one is stopped:
+switch-ownership`) is one step for the whole pipeline and one way: no worker starts under
+ownership before every old one is stopped (docs/operations.md, "Switching a pipeline to
+ownership"). Its phases (`SwitchPhase`):
 
-1. `Begin`: the pass records `status.ownership = {enabled: false, switching: true}` and a
-   handover of reason `OwnershipSwitch` for every partition, before any action (Event
-   `OwnershipSwitchStarted`, condition `OwnershipSwitching`);
-2. `Stopping`: each partition's handover runs as a planned one (the old pod deleted
-   gracefully, its Lease free or run out on the operator's clock and then cleared, its
-   volume detached) up to, not including, starting the replacement
-   (`stop_for_switch`). Once *every* partition is there (`all_stopped`), the pass records
-   `status.ownership = {workers: spec.partitions, reshards: 0, switched: <time>}`
+1. `Begin`: `status.ownership = {enabled: false, switching: true}` and a handover of
+   reason `OwnershipSwitch` for every partition are recorded before any action;
+2. `Stopping`: each handover runs as a planned one up to, not including, starting the
+   replacement (`stop_for_switch`); once every partition is there (`all_stopped`) the
+   pass records `{workers: spec.partitions, reshards: 0, switched: <time>}`
    (`switched_record`), still starting nothing;
-3. `Starting`: the pipeline is under ownership: the internal topic is created as for a
-   new pipeline (no worker starts without it), and the handovers start every worker
-   under ownership at its next epoch, with DEDUP_OWNERSHIP_SWITCH=true (the worker
-   completes its pre-ownership store: `PipelineSpec.ownership_switch`, kept from then
-   on). `OwnershipSwitching` goes once every partition is Ready with no handover
-   (Event `OwnershipSwitchCompleted`).
-
-The annotation on a pipeline already under ownership is ignored (an Event says so); on a
-switched one it has no further effect.
+3. `Starting`: the internal topic is created, then every worker starts under ownership at
+   its next epoch with DEDUP_OWNERSHIP_SWITCH=true (`PipelineSpec.ownership_switch`).
 """
 
 from __future__ import annotations
@@ -56,12 +33,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from dedup_contract.handover import STARTED, HandoverReason
+from dedup_contract.ownership_status import OWNERSHIP_SWITCHING, STATUS_KEY, ran_before
 from dedup_contract.timefmt import format_time
 from dedup_operator.failover import (
     CreatePod,
     Decision,
     FailoverPolicy,
-    HandoverReason,
     PartitionObservation,
     Steady,
     begin_handover,
@@ -70,13 +48,11 @@ from dedup_operator.failover import (
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.status import Condition
 
-STATUS_KEY: Final = "ownership"
 RESHARD_PENDING: Final = "ReshardPending"
 OFF: Final = {"enabled": False}  # status.ownership of a pipeline that ran before it
 OWNERSHIP_OFF: Final = "OwnershipOff"
 # status.ownership while an OwnershipOff pipeline's workers are stopped for the switch
 SWITCHING: Final = {"enabled": False, "switching": True}
-OWNERSHIP_SWITCHING: Final = "OwnershipSwitching"
 
 
 class SwitchPhase(StrEnum):
@@ -101,14 +77,6 @@ class OwnershipState:
     switch: SwitchPhase | None = None  # the switch to ownership in progress, if any
     # the switch annotation on a pipeline already under ownership: ignored (an Event)
     switch_ignored: bool = False
-
-
-def ran_before(previous: Mapping[str, Any]) -> bool:
-    """Whether the status shows workers started: some partition had a pod (epoch >= 1)."""
-    for entry in previous.get("partitions") or []:
-        if int(entry.get("epoch") or 0) > 0 or entry.get("pod"):
-            return True
-    return False
 
 
 def decide(
@@ -214,7 +182,7 @@ def stop_for_switch(obs: PartitionObservation, policy: FailoverPolicy, now: date
         return decision
     h = decision.handover
     if h is not None:  # not started: the replacement is created later
-        h = replace(h, steps={k: v for k, v in h.steps.items() if k != "started"})
+        h = replace(h, steps={k: v for k, v in h.steps.items() if k != STARTED})
     return Decision(HeldStart(waiting_for=HELD), h)
 
 

@@ -741,7 +741,7 @@ class ControlPlane:
 
 
 def main() -> None:
-    """`python -m dedup_local.kube`: start a control plane and print how to reach it."""
+    """`python -m dedup_local.control_plane`: start a control plane and print how to reach it."""
     with ControlPlane(with_controllers=True, keep_data=False) as cp:
         print(f"control plane ready in {cp.start_seconds:.1f}s: {cp.server}", flush=True)
         print(f"export KUBECONFIG={cp.kubeconfig_path}", flush=True)

@@ -42,7 +42,7 @@ PARTITIONS_NOT_RUNNING = Gauge(
 )
 RECONCILIATIONS = Counter(
     "dedup_operator_reconciliations",
-    "Scheduled audits (dedup-reconcile) whose result the operator took over, by result "
+    "Scheduled audits (dedup-audit) whose result the operator took over, by result "
     "(passed, failed)",
     ("namespace", "pipeline", "result"),
 )

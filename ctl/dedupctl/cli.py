@@ -8,7 +8,7 @@
 
 `--kubeconfig`, `--context`, `-n/--namespace` as kubectl (KUBECONFIG, then
 ~/.kube/config, then the pod's service account). This module is the shell: it reads the
-API and hands plain dicts to the pure `ctl_view`. Exit codes (README, "dedupctl"):
+API and hands plain dicts to the pure `view`. Exit codes (docs/operations.md#dedupctl):
 0 ok (audit: passed), 1 the audit failed, 2 usage, 3 no cluster reachable or no usable
 kubeconfig, 4 no such pipeline or namespace, 5 the DedupPipeline CRD is not installed,
 6 forbidden or unauthorized, 7 an audit could not be run or did not finish in time.
@@ -33,8 +33,8 @@ import yaml
 
 from dedup_contract import kube_client, names
 from dedup_contract.timefmt import format_time
-from dedup_operator import ctl_view
-from dedup_operator.kube import scrape
+from dedup_contract.worker_metrics import scrape
+from dedupctl import view
 
 OK, AUDIT_FAILED, USAGE, UNREACHABLE, NOT_FOUND, NO_CRD, FORBIDDEN, AUDIT_UNFINISHED = range(8)
 REQUEST_TIMEOUT_S = 10.0
@@ -260,7 +260,7 @@ def emit(doc: Any, output: str, render: Callable[[], str]) -> None:
 
 def _samples(
     cluster: Cluster, bodies: Sequence[Mapping[str, Any]]
-) -> dict[tuple[str, str, int], ctl_view.WorkerSample]:
+) -> dict[tuple[str, str, int], view.WorkerSample]:
     targets = [
         (b["metadata"]["namespace"], b["metadata"]["name"], int(e["partition"]), str(e["pod"]))
         for b in bodies
@@ -272,9 +272,9 @@ def _samples(
     for ns in sorted({t[0] for t in targets}):
         ips.update({f"{ns}/{pod}": ip for pod, ip in cluster.pod_ips(ns).items()})
 
-    def one(t: tuple[str, str, int, str]) -> ctl_view.WorkerSample | None:
+    def one(t: tuple[str, str, int, str]) -> view.WorkerSample | None:
         text = cluster.worker_metrics(t[0], t[3], ips.get(f"{t[0]}/{t[3]}"))
-        return None if text is None else ctl_view.parse_worker_metrics(text, time.monotonic())
+        return None if text is None else view.parse_worker_metrics(text, time.monotonic())
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(one, targets))
@@ -285,9 +285,9 @@ def status_document(
     cluster: Cluster,
     pipeline: str | None,
     all_namespaces: bool,
-    before: Mapping[tuple[str, str, int], ctl_view.WorkerSample] | None,
+    before: Mapping[tuple[str, str, int], view.WorkerSample] | None,
     sample_s: float,
-) -> tuple[dict[str, Any], dict[tuple[str, str, int], ctl_view.WorkerSample]]:
+) -> tuple[dict[str, Any], dict[tuple[str, str, int], view.WorkerSample]]:
     """The status document and this round's worker samples (the next round's `before`).
     Without `before`, samples twice `sample_s` apart to tell the input rate."""
     bodies = [cluster.pipeline(pipeline)] if pipeline else cluster.pipelines(all_namespaces)
@@ -300,15 +300,13 @@ def status_document(
     for b in bodies:
         ns, name = b["metadata"]["namespace"], b["metadata"]["name"]
         mine = {p: s for (n, m, p), s in now.items() if (n, m) == (ns, name)}
-        rates = {
-            p: ctl_view.input_rate((before or {}).get((ns, name, p)), s) for p, s in mine.items()
-        }
-        docs.append(ctl_view.pipeline_doc(b, mine, rates))
-    return ctl_view.status_doc(docs), now
+        rates = {p: view.input_rate((before or {}).get((ns, name, p)), s) for p, s in mine.items()}
+        docs.append(view.pipeline_doc(b, mine, rates))
+    return view.status_doc(docs), now
 
 
 def _render_status(doc: Mapping[str, Any]) -> str:
-    return ctl_view.render_status(doc, _now())
+    return view.render_status(doc, _now())
 
 
 def cmd_status(cluster: Cluster, args: argparse.Namespace) -> int:
@@ -324,7 +322,7 @@ def cmd_status(cluster: Cluster, args: argparse.Namespace) -> int:
             if sys.stdout.isatty():
                 print("\033[H\033[2J", end="")
             print(f"Every {args.interval:g}s: dedupctl status   {format_time(_now())}\n")
-            print(ctl_view.render_status(doc, _now()), flush=True)
+            print(view.render_status(doc, _now()), flush=True)
         elif args.output == "json":  # one document per line and refresh (JSON Lines)
             print(json.dumps(doc), flush=True)
         else:
@@ -335,11 +333,11 @@ def cmd_status(cluster: Cluster, args: argparse.Namespace) -> int:
 
 def cmd_failovers(cluster: Cluster, args: argparse.Namespace) -> int:
     body = cluster.pipeline(args.pipeline)
-    rows = ctl_view.failover_rows(body, cluster.events(cluster.namespace, args.pipeline))
+    rows = view.failover_rows(body, cluster.events(cluster.namespace, args.pipeline))
     emit(
         {"pipeline": args.pipeline, "failovers": rows},
         args.output,
-        lambda: ctl_view.render_failovers(rows),
+        lambda: view.render_failovers(rows),
     )
     return OK
 
@@ -359,7 +357,7 @@ def _audit_doc(cluster: Cluster, body: Mapping[str, Any]) -> dict[str, Any]:
             summary = None
     if summary is not None and summary.get("runId") != last.get("runId"):
         summary = None  # a newer run than status shows yet, or an older one
-    return ctl_view.audit_doc(body, summary)
+    return view.audit_doc(body, summary)
 
 
 def cmd_audit(cluster: Cluster, args: argparse.Namespace) -> int:
@@ -367,7 +365,7 @@ def cmd_audit(cluster: Cluster, args: argparse.Namespace) -> int:
     if args.now:
         body = run_audit_now(cluster, body, args.timeout)
     doc = _audit_doc(cluster, body)
-    emit(doc, args.output, lambda: ctl_view.render_audit(doc, _now()))
+    emit(doc, args.output, lambda: view.render_audit(doc, _now()))
     last = doc["last"]
     if not last:
         return AUDIT_UNFINISHED
@@ -379,21 +377,21 @@ def cmd_switch_ownership(cluster: Cluster, args: argparse.Namespace) -> int:
     `dedup.io/switch-to-ownership: "true"`); without --yes only say what it would do."""
     body = cluster.pipeline(args.pipeline)
     where = f"{cluster.namespace}/{args.pipeline}"
-    state = ctl_view.switch_state(body)
-    if state == ctl_view.SWITCH_OWNED:
+    state = view.switch_state(body)
+    if state == view.SWITCH_OWNED:
         print(f"pipeline {where} runs under ownership already: nothing to switch")
         return OK
-    if state == ctl_view.SWITCH_DONE:
+    if state == view.SWITCH_DONE:
         when = ((body.get("status") or {}).get("ownership") or {}).get("switched")
         print(f"pipeline {where} was switched to ownership at {when}: nothing to do")
         return OK
-    if state == ctl_view.SWITCH_IN_PROGRESS:
+    if state == view.SWITCH_IN_PROGRESS:
         print(
             f"pipeline {where}: the switch to ownership is under way "
             f"(follow it: dedupctl status {args.pipeline} -n {cluster.namespace})"
         )
         return OK
-    print(ctl_view.switch_plan_text(body))
+    print(view.switch_plan_text(body))
     if not args.yes:
         fail(USAGE, f"nothing done: add --yes to switch pipeline {where} to ownership")
     cluster.annotate_pipeline(args.pipeline, names.ANNOTATION_SWITCH_TO_OWNERSHIP, "true")

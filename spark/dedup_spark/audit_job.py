@@ -1,9 +1,9 @@
-"""`dedup-reconcile`: the independent, end-to-end audit of a pipeline's exactly-once claim.
+"""`dedup-audit`: the independent, end-to-end audit of a pipeline's exactly-once claim.
 
 Reads the input, output and dead-letter topics with Spark's Kafka source (read
 committed), and the forwarded records waiting at their owners on the internal topic
 (`--owned-topic`, from the consumer group's committed offsets), applies the worker's id
-rules, and audits with the pure rules of `audit.py` inside Spark under ownership
+rules, and audits with the pure rules of `audit_rules.py` inside Spark under ownership
 (`--workers`, the pipeline's spec.partitions): every record of an id, from any
 partition, goes to one group (`source.id_groups`, the audit's own murmur2), invalid input
 to a group per input partition with its dead letters; then the order of each output
@@ -46,7 +46,7 @@ from dedup_contract.logs import configure
 from dedup_contract.names import default_consumer_group
 from dedup_contract.timefmt import format_micro_time, parse_rfc3339
 from dedup_contract.window import parse_duration_ms
-from dedup_spark import audit
+from dedup_spark import audit_rules
 from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger("dedup_spark.reconcile")
+log = logging.getLogger("dedup_spark.audit_job")
 
 EXIT_PASSED: Final = 0
 EXIT_FAILED: Final = 1
@@ -105,7 +105,7 @@ class AuditJob:
     id_spec: IdSpec
     window_ms: int
     slack_ms: int
-    audit_range: audit.AuditRange
+    audit_range: audit_rules.AuditRange
     report_dir: str
     consumer_group: str | None  # None: audit all input, committed or not
     workers: int  # the pipeline's spec.partitions: owner(id) = murmur2(id) % workers
@@ -136,7 +136,7 @@ class InputState:
 
     partitions: int
     committed: dict[int, int] = field(default_factory=dict)
-    retention: dict[int, audit.Retention] = field(default_factory=dict)
+    retention: dict[int, audit_rules.Retention] = field(default_factory=dict)
     committed_owned: dict[int, int] = field(default_factory=dict)
 
     def buckets(self, job: AuditJob) -> int:
@@ -282,11 +282,11 @@ class _GroupAudit:
 
     buckets: int
     workers: int
-    audit_range: audit.AuditRange
+    audit_range: audit_rules.AuditRange
     window_ms: int
     slack_ms: int
     committed: dict[int, int] | None
-    retention: dict[int, audit.Retention] = field(default_factory=dict)
+    retention: dict[int, audit_rules.Retention] = field(default_factory=dict)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`table`: one group's packed rows (source.GROUPED_SCHEMA) with their `kind`."""
@@ -304,8 +304,8 @@ class _GroupAudit:
 
         rows: list[dict[str, Any]] = []
         if group < self.buckets:
-            result, sources = audit.audit_ids(
-                audit.IdColumns.of_tables(
+            result, sources = audit_rules.audit_ids(
+                audit_rules.IdColumns.of_tables(
                     of_kind(INPUT, ids_schema()),
                     of_kind(OUTPUT, ids_schema()),
                     of_kind(FORWARDED, _forwarded_schema()),
@@ -326,7 +326,7 @@ class _GroupAudit:
             partition = group - self.buckets
             inputs = of_kind(INPUT, ids_schema())
             inputs = inputs.filter(pc.is_null(inputs.column("id"))).sort_by("offset")
-            result = audit.audit_invalid(
+            result = audit_rules.audit_invalid(
                 partition,
                 inputs,
                 of_kind(DEAD, _dead_schema()),
@@ -349,8 +349,8 @@ def _order_group(table: pa.Table) -> pa.Table:
     """The order stage: one output partition's sources -> its order violations."""
     import pyarrow as pa
 
-    sources = unpack(table.column("rows"), audit.SOURCES_SCHEMA)
-    found = audit.order_violations(sources)
+    sources = unpack(table.column("rows"), audit_rules.SOURCES_SCHEMA)
+    found = audit_rules.order_violations(sources)
     return pa.Table.from_pylist([_finding_row(f) for f in found], schema=_result_schema())
 
 
@@ -373,7 +373,7 @@ def _row(
     }
 
 
-def _finding_row(f: audit.Finding) -> dict[str, Any]:
+def _finding_row(f: audit_rules.Finding) -> dict[str, Any]:
     return {
         "partition": f.partition,
         "kind": f.kind,
@@ -435,14 +435,18 @@ def summarize(
     finished: datetime,
     distinct: int | None = None,
 ) -> dict[str, Any]:
-    """The JSON summary (CONTRACTS.md) from the per-partition counts (partition `p`: the
-    input partition's and the output partition's counts) and the distinct ids across
-    partitions."""
+    """The JSON summary (docs/design.md, "Result to the pipeline") from the per-partition
+    counts (partition `p`: the input partition's and the output partition's counts) and
+    the distinct ids across partitions."""
     parts = [
-        {"partition": p, **audit.totals_of(partition_counts[p]), **_extras(partition_counts[p])}
+        {
+            "partition": p,
+            **audit_rules.totals_of(partition_counts[p]),
+            **_extras(partition_counts[p]),
+        }
         for p in sorted(partition_counts)
     ]
-    totals = audit.add_totals(parts, distinct=distinct)
+    totals = audit_rules.add_totals(parts, distinct=distinct)
     by_reason: dict[str, int] = {}
     for part in parts:
         for reason, n in part.get("deadLetteredByReason", {}).items():
@@ -454,7 +458,7 @@ def summarize(
         "runId": job.run_id,
         "startedAt": format_micro_time(started),
         "finishedAt": format_micro_time(finished),
-        "passed": audit.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
+        "passed": audit_rules.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
         "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
         "range": {
             "from": None if rng.from_ms is None else format_micro_time(_from_ms(rng.from_ms)),
@@ -474,7 +478,7 @@ def summarize(
 
 
 def _extras(counts: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in counts.items() if k not in audit.COUNT_NAMES}
+    return {k: v for k, v in counts.items() if k not in audit_rules.COUNT_NAMES}
 
 
 def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
@@ -497,9 +501,9 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             .applyInArrow(_order_group, RESULT_SCHEMA)
         )
         # Retention's deleted input spans, decided here (a partition may have no group).
-        lost = audit.AuditResult()
+        lost = audit_rules.AuditResult()
         for p in sorted(state.retention):
-            lost.merge(audit.lost_input(p, state.retention[p], job.audit_range))
+            lost.merge(audit_rules.lost_input(p, state.retention[p], job.audit_range))
         findings = (
             result.where(~kind.isin(COUNTS_KIND, DISTINCT_KIND, SOURCES_KIND))
             .drop("rows")
@@ -514,7 +518,7 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
         try:
             write_findings(spark, findings, f"{job.report_dir.rstrip('/')}/findings")
             order_counts = (
-                findings.where(kind == F.lit(audit.ORDER_VIOLATION))
+                findings.where(kind == F.lit(audit_rules.ORDER_VIOLATION))
                 .groupBy("partition")
                 .count()
                 .collect()
@@ -616,13 +620,13 @@ def input_state(job: AuditJob) -> InputState:
 
 def _retention(
     consumer: Any, job: AuditJob, partitions: Sequence[int], outputs: Sequence[int]
-) -> dict[int, audit.Retention]:
+) -> dict[int, audit_rules.Retention]:
     """Per partition number whose input or output partition lost records to retention
     (log start offset above 0): the log start offsets and the timestamps of the oldest
     retained records."""
     from confluent_kafka import TopicPartition
 
-    out: dict[int, audit.Retention] = {}
+    out: dict[int, audit_rules.Retention] = {}
     for p in sorted(set(partitions) | set(outputs)):
         starts: dict[str, tuple[int, int | None]] = {
             job.input_topic: (0, None),
@@ -641,7 +645,7 @@ def _retention(
             starts[job.output_topic],
         )
         if in_start or out_start:
-            out[p] = audit.Retention(in_start, in_first, out_start, out_first)
+            out[p] = audit_rules.Retention(in_start, in_first, out_start, out_first)
     return out
 
 
@@ -768,7 +772,7 @@ def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="dedup-reconcile",
+        prog="dedup-audit",
         description=(
             "Audit a pipeline end to end: read its input, output and dead-letter topics "
             "(read committed) with Spark and report, grouping each id across partitions under "
@@ -861,14 +865,14 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         slack_ms = parse_duration_ms(args.window_slack) if args.window_slack else -(-window_ms // 4)
         id_spec = IdSpec(args.id_source, args.id_field)
         if args.offsets:
-            rng = audit.AuditRange(offsets=parse_offsets(args.offsets))
+            rng = audit_rules.AuditRange(offsets=parse_offsets(args.offsets))
         elif args.from_:
             to_ms = _parse_time(args.to) if args.to else now_ms
-            rng = audit.AuditRange(_parse_time(args.from_), to_ms)
+            rng = audit_rules.AuditRange(_parse_time(args.from_), to_ms)
         else:
             lookback = parse_duration_ms(args.lookback or "24h")
             to_ms = _parse_time(args.to) if args.to else now_ms
-            rng = audit.AuditRange(to_ms - lookback, to_ms)
+            rng = audit_rules.AuditRange(to_ms - lookback, to_ms)
         settings = parse_settings(args.kafka_config)
     except (ValueError, SourceError) as exc:
         raise JobError(str(exc)) from None

@@ -1,6 +1,6 @@
 """From the audit's result ConfigMap to the pipeline's status (pure).
 
-The scheduled `dedup-reconcile` writes its JSON summary (CONTRACTS.md, "Result to the
+The scheduled `dedup-audit` writes its JSON summary (docs/design.md, "Result to the
 pipeline") into the ConfigMap `P-reconciliation`. Each pass the operator reads it and,
 when its `finishedAt` is newer than `status.lastReconciliation.time`, takes it over:
 `status.lastReconciliation` {time, passed, checked (= totals.input), duplicates, missing,

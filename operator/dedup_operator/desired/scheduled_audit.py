@@ -1,4 +1,4 @@
-"""The scheduled audit (`dedup-reconcile`, spark/dedup_spark/reconcile.py) of a pipeline
+"""The scheduled audit (`dedup-audit`, spark/dedup_spark/audit_job.py) of a pipeline
 with `spec.reconciliation`, as pure builders.
 
 Always: ServiceAccount, Role and RoleBinding `P-reconcile` for the Spark driver. Then ONE
@@ -6,25 +6,21 @@ of two schedulers (`reconciliation_objects(..., spark_operator=...)`):
 
 - the Spark operator's CRD `scheduledsparkapplications.sparkoperator.k8s.io` is installed
   and `spark.master` is `k8s`: a `ScheduledSparkApplication` (v1beta2) `P-reconcile`,
-  cluster mode: the Spark operator submits the driver, which asks for the executors.
-  Its arguments keep `--master k8s`: dedup-reconcile's own default is `local[2]`, which
-  would override the master spark-submit set; `k8s` makes session.py configure the same
-  driver-in-its-pod settings spark-submit gives a cluster-mode driver. The driver pod
-  runs the image's `dedup-entrypoint driver` with Spark's cluster-mode arguments (proven
-  by tests/integration/test_spark_cluster_mode.py: spark-submit in cluster mode of this
-  object's template against the local cluster);
+  cluster mode: the Spark operator submits the driver (the image's `dedup-entrypoint
+  driver`), which asks for the executors. Its arguments keep `--master k8s`, which
+  dedup-audit's own default `local[2]` would otherwise override;
 - otherwise a `batch/v1` CronJob `P-reconcile` whose pod IS the Spark driver in client
   mode (`--master k8s`: session.py points Spark at the API server from inside the pod,
   with the pod's IP and name from the downward API so executor pods are owned by it).
   An explicit `spark.master` (`local[N]`, `k8s://...`) always uses the CronJob.
 
-Both run at most one audit at a time (concurrency Forbid: the Spark operator starts
-nothing at all when its policy is empty, so it is always set) and keep 3 finished runs.
-The job writes its summary into the ConfigMap `P-reconciliation`, which the operator
-reads into `status.lastReconciliation` (see dedup_operator.audit_result).
-
-Each scheduler object carries the hash of its spec in `dedup.io/spec-hash`: the server
-fills defaults into what it stores, so the operator compares hashes, not specs.
+Both run at most one audit at a time (concurrency Forbid, always set: the Spark operator
+starts nothing at all when its policy is empty) and keep 3 finished runs. The job writes
+its summary into the ConfigMap `P-reconciliation`, which the operator reads into
+`status.lastReconciliation` (dedup_operator.audit_status). Each scheduler object carries
+the hash of its spec in `dedup.io/spec-hash`: the server fills defaults into what it
+stores, so the operator compares hashes, not specs. Both objects field by field:
+docs/audit.md, "Scheduled audits".
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ from dedup_operator.desired.partition import kafka_env
 from dedup_operator.desired.pipeline import RBAC
 from dedup_operator.spec import PipelineSpec
 
-RECONCILE_COMMAND: Final = "dedup-reconcile"
+AUDIT_COMMAND: Final = "dedup-audit"
 REPORT_DIR: Final = "/reports"
 REPORT_VOLUME: Final = "reports"
 
@@ -50,7 +46,7 @@ REPORT_VOLUME: Final = "reports"
 IMAGE_PYTHON: Final = "python3.11"
 IMAGE_VENV: Final = "/opt/dedup"
 APPLICATION_FILE: Final = (
-    f"local://{IMAGE_VENV}/lib/{IMAGE_PYTHON}/site-packages/dedup_spark/reconcile.py"
+    f"local://{IMAGE_VENV}/lib/{IMAGE_PYTHON}/site-packages/dedup_spark/audit_job.py"
 )
 
 SPARK_OPERATOR_GROUP: Final = "sparkoperator.k8s.io"
@@ -99,7 +95,7 @@ DRIVER_RULES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = tuple(
     for resource in dict.fromkeys(r for r, _, _ in DRIVER_GRANTS)
 )
 # and what the job does with its result ConfigMap, by name: read it, then replace it
-# (`reconcile.publish_summary`; creating it when absent is `configmaps create` above:
+# (`audit_job.publish_summary`; creating it when absent is `configmaps create` above:
 # RBAC cannot limit create by name).
 RESULT_VERBS: Final = ("get", "update")
 
@@ -131,7 +127,7 @@ def _duration(value: timedelta) -> str:
 
 
 def arguments(spec: PipelineSpec) -> list[str]:
-    """`dedup-reconcile`'s flags from the spec, all but --master.
+    """`dedup-audit`'s flags from the spec, all but --master.
 
     `--window` is the pipeline's window duration; a window bounded only by maxKeys has
     no duration, and then the audited range (lookback) stands in for it. `--workers`:
@@ -176,7 +172,7 @@ def arguments(spec: PipelineSpec) -> list[str]:
 def command(spec: PipelineSpec) -> list[str]:
     """The CronJob container's command: the driver in client mode (or spark.master)."""
     assert spec.reconciliation is not None
-    return [RECONCILE_COMMAND, *arguments(spec), "--master", spec.reconciliation.spark.master]
+    return [AUDIT_COMMAND, *arguments(spec), "--master", spec.reconciliation.spark.master]
 
 
 def driver_env(spec: PipelineSpec) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """What `dedupctl` shows, built from what the cluster holds (pure: no API calls).
 
-The shell (`ctl.py`) reads a pipeline, its Events, its audit result ConfigMap and its
+The shell (`cli.py`) reads a pipeline, its Events, its audit result ConfigMap and its
 workers' /metrics (through the API server's pod proxy) and hands them here as plain
 dicts and text. Every field shown comes from there:
 
@@ -14,9 +14,9 @@ dicts and text. Every field shown comes from there:
   `dedup_records_in_total` over the time between them. A value nobody reported is None
   (shown as "—").
 
-The JSON document of `status -o json` is `STATUS_SCHEMA_VERSION` 2 (2 added the
-handovers' `releaseWhy`); its keys are pinned by a unit test: add keys only with a new
-version.
+The JSON document of `status -o json` is `STATUS_SCHEMA_VERSION` 3 (its keys, and what
+each version added: docs/operations.md#dedupctl); they are pinned by a unit test: add
+keys only with a new version.
 
 A handover that waits on Kubernetes' own 6-minute force-detach (its out-of-service taint
 blocked by other workloads on the lost node, or `releaseVolume: WaitForDetach`) is said
@@ -32,17 +32,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from dedup_contract import names
-from dedup_contract.timefmt import parse_time
-from dedup_operator import ownership
-from dedup_operator.failover import (
+from dedup_contract import names, ownership_status, worker_metrics
+from dedup_contract.handover import (
+    DETACHED,
     FAILOVER_EVENTS,
     FORCE_DETACH,
     PLANNED_EVENTS,
+    READY,
+    RELEASED,
+    STEPS,
     Release,
     taint_blocked_by,
 )
-from dedup_operator.kube import worker_counters
+from dedup_contract.timefmt import parse_time
+from dedup_contract.worker_metrics import worker_counters
 
 # The Events that begin and complete a handover; a completion's handover reason (None:
 # a failover, whose reason its start told)
@@ -56,7 +59,6 @@ COMPLETED_EVENTS: Final[dict[str, str | None]] = {
 
 DASH: Final = "—"
 STATUS_SCHEMA_VERSION: Final = 3
-STEPS: Final = ("fenced", "released", "detached", "started", "ready")
 
 
 @dataclass(frozen=True)
@@ -76,22 +78,22 @@ def parse_worker_metrics(text: str, at: float) -> WorkerSample:
     c = worker_counters(
         text,
         (
-            "dedup_records_in_total",
-            "dedup_records_out_total",
-            "dedup_duplicates_total",
-            "dedup_dead_letters_total",
-            "dedup_consumer_lag",
-            "dedup_records_forwarded_total",
+            worker_metrics.RECORDS_IN_TOTAL,
+            worker_metrics.RECORDS_OUT_TOTAL,
+            worker_metrics.DUPLICATES_TOTAL,
+            worker_metrics.DEAD_LETTERS_TOTAL,
+            worker_metrics.CONSUMER_LAG,
+            worker_metrics.RECORDS_FORWARDED_TOTAL,
         ),
     )
     return WorkerSample(
         at=at,
-        records_in=c["dedup_records_in_total"],
-        records_out=c["dedup_records_out_total"],
-        duplicates=c["dedup_duplicates_total"],
-        dead_letters=c["dedup_dead_letters_total"],
-        lag=c["dedup_consumer_lag"],
-        forwarded=c["dedup_records_forwarded_total"],
+        records_in=c[worker_metrics.RECORDS_IN_TOTAL],
+        records_out=c[worker_metrics.RECORDS_OUT_TOTAL],
+        duplicates=c[worker_metrics.DUPLICATES_TOTAL],
+        dead_letters=c[worker_metrics.DEAD_LETTERS_TOTAL],
+        lag=c[worker_metrics.CONSUMER_LAG],
+        forwarded=c[worker_metrics.RECORDS_FORWARDED_TOTAL],
     )
 
 
@@ -119,7 +121,7 @@ def handover_doc(h: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not h:
         return None
     steps = {str(k): float(v) for k, v in (h.get("steps") or {}).items()}
-    total = steps.get("ready", max(steps.values(), default=None) if steps else None)
+    total = steps.get(READY, max(steps.values(), default=None) if steps else None)
     return {
         "reason": h.get("reason"),
         "started": h.get("started"),
@@ -130,7 +132,7 @@ def handover_doc(h: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "releaseWhy": h.get("releaseWhy"),
         "steps": steps,
         "totalSeconds": total,
-        "complete": "ready" in steps,
+        "complete": READY in steps,
     }
 
 
@@ -303,7 +305,7 @@ def force_detach_text(h: Mapping[str, Any] | None, now: datetime) -> str | None:
     """Plain words for a handover in progress that waits on Kubernetes' 6-minute
     force-detach, and why: which pods block the out-of-service taint (a `TaintBlocked`
     release), or the policy; None for any other handover."""
-    if not h or h.get("complete") or "detached" in (h.get("steps") or {}):
+    if not h or h.get("complete") or DETACHED in (h.get("steps") or {}):
         return None
     release, why = h.get("release"), str(h.get("releaseWhy") or "")
     if release not in (Release.TAINT_BLOCKED.value, Release.WAIT_FOR_DETACH.value):
@@ -314,8 +316,8 @@ def force_detach_text(h: Mapping[str, Any] | None, now: datetime) -> str | None:
     steps = h.get("steps") or {}
     started = parse_time(h.get("started"))
     left = ""
-    if "released" in steps and started is not None:
-        waited = (now - started).total_seconds() - float(steps["released"])
+    if RELEASED in steps and started is not None:
+        waited = (now - started).total_seconds() - float(steps[RELEASED])
         remaining = int(FORCE_DETACH_S - waited)
         left = (
             f" (about {remaining // 60}m{remaining % 60:02d}s left)"
@@ -478,7 +480,7 @@ def failover_rows(
     body: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The handover history of a pipeline, oldest first: each started/completed/cancelled
-    handover from its Events (`failover.handover_events`: `FailoverStarted`,
+    handover from its Events (`handover.handover_events`: `FailoverStarted`,
     `RollStarted`, `DrainStarted` and their `...Completed`, `FailoverCancelled`; `events`
     as {type, reason, message, time}),
     joined with status (`lastHandover`: the exact step times of each partition's last
@@ -566,7 +568,7 @@ def failover_rows(
                 fromNode=h.get("fromNode"),
                 fromEpoch=_int(h.get("fromEpoch")),
                 steps=steps,
-                totalSeconds=steps.get("ready"),
+                totalSeconds=steps.get(READY),
                 outcome=outcome,
             )
             match["started"] = match.get("started") or h.get("started")
@@ -702,16 +704,16 @@ def switch_state(body: Mapping[str, Any]) -> str:
     (asked, or the operator is stopping or starting its workers), `switched` (done),
     `owned` (created under ownership: nothing to switch)."""
     status = body.get("status") or {}
-    recorded = status.get(ownership.STATUS_KEY) or {}
+    recorded = status.get(ownership_status.STATUS_KEY) or {}
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     asked = annotations.get(names.ANNOTATION_SWITCH_TO_OWNERSHIP) == "true"
     switching = any(
-        c.get("type") == ownership.OWNERSHIP_SWITCHING and c.get("status") == "True"
+        c.get("type") == ownership_status.OWNERSHIP_SWITCHING and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
     if recorded.get("switched"):
         return SWITCH_IN_PROGRESS if switching else SWITCH_DONE
-    if recorded.get("enabled") is False or (not recorded and ownership.ran_before(status)):
+    if recorded.get("enabled") is False or (not recorded and ownership_status.ran_before(status)):
         return SWITCH_IN_PROGRESS if asked or recorded.get("switching") else SWITCH_OFF
     return SWITCH_OWNED
 
