@@ -7,7 +7,7 @@
 The CRD in crds/ is what the API server enforces, so the reference is rendered from it
 and never edited by hand: one row per field (its path, type, default, validation and
 description), the printer columns of `kubectl get dp`, and the rules on the whole object.
-tests/unit/test_crd_reference.py renders the page in memory and fails while docs/crd.md
+tests/unit/project/test_crd_reference.py renders the page in memory and fails while docs/crd.md
 differs from it.
 """
 

@@ -13,5 +13,5 @@ ownership (`ownership_status`) and the worker's metric names and their scrape
 (`worker_metrics`).
 
 It imports nothing of ours (only the standard library and third-party packages);
-tests/unit/test_import_layers.py holds every part to that.
+tests/unit/project/test_import_layers.py holds every part to that.
 """

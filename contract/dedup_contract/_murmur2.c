@@ -5,7 +5,7 @@
  * default (Java) partitioner and librdkafka's murmur2_random partitioner compute it; the
  * owner is toPositive(hash) % workers. The Python function dedup_contract.ownership.
  * murmur2_reference is the reference this one is tested against (Kafka's own vectors
- * and random bytes, tests/unit/test_ownership.py). Built by the venv setup and the
+ * and random bytes, tests/unit/dedup_contract/test_ownership.py). Built by the venv setup and the
  * image's build stage (pyproject.toml, [tool.setuptools] ext-modules).
  *
  *   murmur2(data: bytes) -> int           the signed 32-bit hash (Java's int)

@@ -12,7 +12,7 @@ divides I).
 The hash runs in C (`dedup_contract._murmur2`, built with the package): one call per batch
 (`owners`) costs well under 0.3 us an id, where this module's pure-Python
 `murmur2_reference` costs 3-4 us. The reference stays as what the C code is tested
-against (Kafka's and librdkafka's own vectors, and random bytes: tests/unit/test_ownership.py).
+against (Kafka's and librdkafka's own vectors, and random bytes: tests/unit/dedup_contract/test_ownership.py).
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@ and audits, and the switch to ownership.
 the API server's pod proxy); `view` is pure and builds what is shown from what the
 cluster holds. It reads what the operator writes and the worker exports through the
 rules they share, `dedup_contract`, and never imports the operator:
-tests/unit/test_import_layers.py holds it to that.
+tests/unit/project/test_import_layers.py holds it to that.
 """

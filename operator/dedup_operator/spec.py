@@ -2,7 +2,7 @@
 
 `PipelineSpec.parse(name, namespace, spec)` reads the spec as the API server serves it
 (camelCase dict) or as a user wrote it (defaults missing): every default below equals the
-one in crds/dedup.io_dedupPipelines.yaml (tests/unit/test_spec.py keeps them equal), so
+one in crds/dedup.io_dedupPipelines.yaml (tests/unit/dedup_operator/test_spec.py keeps them equal), so
 both give the same object. The schema already rejected what it can; `parse` raises
 `SpecError` with a readable message for what slipped through (an object written before a
 rule existed, or a value only code can judge).

@@ -9,7 +9,7 @@ MurmurHash2, seed 0x9747b28c, little-endian 4-byte blocks). It runs as numpy ope
 over a whole column: one pass per 4-byte block of the longest id, each over every id
 that long, so its cost per id is a few array operations, not a Python loop.
 Tested on Kafka's vectors and against a plain loop over random bytes
-(tests/unit/test_audit_ownership.py).
+(tests/unit/dedup_spark/test_audit_ownership.py).
 """
 
 from __future__ import annotations

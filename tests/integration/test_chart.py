@@ -381,7 +381,7 @@ def test_gitops_examples_install_this_chart_with_valid_values(tmp_path: Path) ->
 
 def test_every_alert_links_its_runbook_under_the_base_url() -> None:
     """Each rendered alert's runbook_url is <runbookBaseURL>/<alert>.md: by default this
-    repository's docs/runbooks, whose pages exist (tests/unit/test_runbooks.py checks
+    repository's docs/runbooks, whose pages exist (tests/unit/project/test_runbooks.py checks
     what they hold); another base, with or without its slash, is used as given."""
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]
     for sets, base in (

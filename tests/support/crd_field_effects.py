@@ -2,7 +2,7 @@
 `spec`, the test that changes it and asserts what it does (the objects the operator
 renders, the worker's arguments, a handover's decision, the status, or an API action).
 
-tests/unit/test_crd_field_effects.py walks the CRD's openAPIV3Schema and fails for a
+tests/unit/project/test_crd_field_effects.py walks the CRD's openAPIV3Schema and fails for a
 leaf field missing here, for an entry naming no field of the CRD, and for an entry
 naming a test function that does not exist. A new field needs its test and its line
 here; a field nothing acts on does not belong in the API (hence no `storage.snapshots`:
@@ -22,9 +22,9 @@ class Effect(NamedTuple):
     shows: str  # the effect the test asserts
 
 
-DESIRED = "tests/unit/test_desired.py"
-AUDIT = "tests/unit/test_desired_audit.py"
-EFFECTS = "tests/unit/test_spec_effects.py"
+DESIRED = "tests/unit/dedup_operator/test_desired.py"
+AUDIT = "tests/unit/dedup_operator/test_desired_audit.py"
+EFFECTS = "tests/unit/dedup_operator/test_spec_effects.py"
 WORKER_ARGS = f"{EFFECTS}::test_worker_fields_reach_the_workers_arguments"
 POD = f"{EFFECTS}::test_image_requests_node_selector_and_tolerations_reach_the_worker_pod"
 

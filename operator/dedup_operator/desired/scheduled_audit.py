@@ -42,7 +42,7 @@ REPORT_DIR: Final = "/reports"
 REPORT_VOLUME: Final = "reports"
 
 # The Dockerfile installs the project into the venv /opt/dedup of python:3.11 (checked
-# by tests/unit/test_desired_audit.py): the job's module inside the image.
+# by tests/unit/dedup_operator/test_desired_audit.py): the job's module inside the image.
 IMAGE_PYTHON: Final = "python3.11"
 IMAGE_VENV: Final = "/opt/dedup"
 APPLICATION_FILE: Final = (

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from setuptools import find_packages
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = {
     "dedup_contract": ROOT / "contract" / "dedup_contract",
     "dedup_worker": ROOT / "worker" / "dedup_worker",

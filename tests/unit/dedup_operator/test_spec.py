@@ -158,14 +158,14 @@ def test_quantities(text: str, value: float) -> None:
         ({"window": {}}, "window needs duration or maxKeys"),
         ({"window": {"duration": "1.5h"}}, "window.duration: not a duration"),
         ({"messageId": {"source": "header"}}, "messageId.field is required"),
+        ({"storage": {"size": "lots"}}, "storage.size: 'lots' is not a quantity"),
+        ({"failover": {"leaseDuration": "500ms"}}, "failover.leaseDuration must be at least 1s"),
+        ({"partitions": None}, "spec of ns/events"),
         # the worker's rule (one owner, dedup_contract.ids.IdSpec), told in the spec's terms
         (
             {"messageId": {"source": "jsonField", "field": "meta..id"}},
             "messageId.field: JSON path 'meta..id' has an empty segment",
         ),
-        ({"storage": {"size": "lots"}}, "storage.size: 'lots' is not a quantity"),
-        ({"failover": {"leaseDuration": "500ms"}}, "failover.leaseDuration must be at least 1s"),
-        ({"partitions": None}, "spec of ns/events"),
     ],
 )
 def test_spec_errors_are_readable(change: dict[str, Any], message: str) -> None:

@@ -15,7 +15,7 @@ from dedup_operator.spec import PipelineSpec
 from dedup_spark.audit_job import build_parser, job_from_args
 
 OWNER = Owner(name="events", namespace="analytics", uid="uid-1")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def spec(reconciliation: dict[str, Any] | None = None, **overrides: Any) -> PipelineSpec:

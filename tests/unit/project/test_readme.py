@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 MAX_LINES = 200
 PAGES = sorted([README, *(ROOT / "docs").rglob("*.md"), *(ROOT / "bench").glob("*.md")])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support.chart_rbac import CLUSTER_ROWS, NAMESPACED_ROWS, POD_LIST_ROWS
 
-OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "dedup_operator"
+OPERATOR = Path(__file__).resolve().parents[3] / "operator" / "dedup_operator"
 
 # kubernetes-client method name -> verb
 VERBS = {

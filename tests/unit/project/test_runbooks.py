@@ -18,7 +18,7 @@ import yaml
 
 from dedupctl import cli as ctl
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dedup-operator"
 RULE = CHART / "templates" / "prometheusrule.yaml"
 RUNBOOKS = ROOT / "docs" / "runbooks"

@@ -14,7 +14,7 @@ import yaml
 
 from support.crd_field_effects import FIELD_EFFECTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load((ROOT / "crds" / "dedup.io_dedupPipelines.yaml").read_text())
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from dedup_contract import names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "dedup-operator"
 
 
