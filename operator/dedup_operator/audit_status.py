@@ -33,10 +33,10 @@ class SummaryError(ValueError):
 @dataclass(frozen=True)
 class Outcome:
     """What one pass makes of the result: the new `lastReconciliation` (None: keep the
-    previous one) and, for a new result, the Event (type, reason, message)."""
+    previous one), and whether it is a new audit result (its Event: `events.audit_result`)."""
 
     last: dict[str, Any] | None
-    event: tuple[str, str, str] | None = None
+    new_result: bool = False
 
     @property
     def passed(self) -> bool | None:
@@ -131,10 +131,10 @@ def outcome(
     spark_application: tuple[str, str] | None = None,
 ) -> Outcome:
     """The pass's decision: a summary newer than `previous` (status.lastReconciliation)
-    replaces it and yields an Event; `spark_application` (name, state) of the newest
+    replaces it (a new result: the plan tells its Event); `spark_application` (name, state) of the newest
     Spark operator run is recorded either way. Unreadable summaries raise SummaryError."""
     last: dict[str, Any] | None = None
-    event = None
+    new_result = False
     if summary_text is not None:
         summary = parse_summary(summary_text)
         finished = parse_time(summary["finishedAt"])
@@ -142,17 +142,13 @@ def outcome(
         assert finished is not None
         if before is None or finished > before:
             last = last_reconciliation(summary, configmap)
-            event = (
-                ("Normal", "ReconciliationPassed", message(last))
-                if last["passed"]
-                else ("Warning", "ReconciliationFailed", message(last))
-            )
+            new_result = True
     if spark_application is not None:
         base = last if last is not None else dict(previous or {})
         name, state = spark_application
         if base.get("sparkApplication") != name or base.get("sparkApplicationState") != state:
             last = {**base, "sparkApplication": name, "sparkApplicationState": state}
-    return Outcome(last, event)
+    return Outcome(last, new_result)
 
 
 def newest_spark_application(apps: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dedup_contract.handover import Release, handover_events
+from dedup_operator import audit_status
 from dedup_operator.failover import (
     BeginHandover,
     CancelHandover,
@@ -236,3 +237,17 @@ def spec_unreadable_line(namespace: str, name: str, error: str) -> str:
 def topic_not_deleted(namespace: str, name: str, topic: str) -> str:
     """The start of the line when Kafka refuses to delete the internal topic."""
     return f"{namespace}/{name}: cannot delete internal topic {topic}"
+
+
+# ----------------------------------------------------------------------- audit
+def audit_result(last: Mapping[str, Any]) -> Event:
+    """A new audit result (status.lastReconciliation): passed or failed, with its findings."""
+    if last.get("passed"):
+        return ("Normal", "ReconciliationPassed", audit_status.message(last))
+    return ("Warning", "ReconciliationFailed", audit_status.message(last))
+
+
+# ------------------------------------------------------------------- deletion
+def volumes_retained(kept: Sequence[str]) -> Event:
+    """A deleted pipeline's volume claims kept (storage.retainOnDelete)."""
+    return ("Normal", "VolumesRetained", f"kept {', '.join(sorted(kept))} (storage.retainOnDelete)")

@@ -63,7 +63,7 @@ log = logging.getLogger("dedup_operator.reconcile")
 
 
 class Recorder(Protocol):
-    """(type "Normal"|"Warning", reason, message) -> an Event on the pipeline and a log
+    """(type, reason, message) -> an Event on the pipeline and a log
     line; `error`: the pipeline cannot keep its promise (its log line is ERROR)."""
 
     def __call__(self, type_: str, reason: str, message: str, error: bool = False) -> None: ...

@@ -29,6 +29,7 @@ import kopf
 from kubernetes.client import ApiClient
 
 from dedup_contract import names
+from dedup_operator import events
 from dedup_operator.executor import Recorder
 from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
@@ -226,9 +227,4 @@ def keep_volumes(body: kopf.Body, name: str, namespace: str, uid: str, **_: Any)
     kept = kube.release_volume_claims(namespace, name)
     RUNTIME.memories.forget(namespace, name)
     if kept:
-        kube.event(
-            body,
-            "Normal",
-            "VolumesRetained",
-            f"kept {', '.join(sorted(kept))} (storage.retainOnDelete)",
-        )
+        kube.event(body, *events.volumes_retained(kept))

@@ -899,10 +899,10 @@ def _plan_audit(obs: PipelineObservation) -> _AuditPlan:
     else:
         if obs.recalled.audit_unreadable is not None:
             actions.append(RememberAuditUnreadable(None))
-    if out.event is not None and out.last is not None:
+    if out.new_result and out.last is not None:
         dup, missing = out.last["duplicates"], out.last["missing"]
         counted = CountAuditResult(spec.namespace, spec.name, bool(out.passed), dup, missing)
-        actions += [Tell(out.event), counted]
+        actions += [Tell(events.audit_result(out.last)), counted]
     last = out.last if out.last is not None else before
     condition = audit_status.condition(last) if last and "time" in last else None
     return _AuditPlan(tuple(actions), last, condition)

@@ -8,6 +8,12 @@ from typing import Any
 import pytest
 
 from dedup_operator import audit_status as r
+from dedup_operator import events
+
+
+def told(out: r.Outcome) -> events.Event | None:
+    """The Event a pass posts for this outcome (a new result only)."""
+    return events.audit_result(out.last) if out.new_result and out.last is not None else None
 
 
 def summary(passed: bool = True, finished: str = "2026-11-22T03:10:00Z", **totals: int) -> str:
@@ -40,7 +46,7 @@ def test_first_passing_result_lands_in_status_with_a_normal_event() -> None:
         "runId": "run-1",
         "reportRef": {"configMap": "events-reconciliation", "report": "/reports"},
     }
-    assert out.event is not None and out.event[:2] == ("Normal", "ReconciliationPassed")
+    assert told(out) is not None and told(out)[:2] == ("Normal", "ReconciliationPassed")
     c = r.condition(out.last)
     assert (c.type, c.status, c.reason) == ("ReconciliationHealthy", True, "AuditPassed")
 
@@ -52,12 +58,12 @@ def test_failing_result_flips_the_condition_with_the_numbers() -> None:
         {"time": "2026-11-21T03:10:00Z", "passed": True},
     )
     assert out.last is not None and out.passed is False
-    assert out.event is not None and out.event[:2] == ("Warning", "ReconciliationFailed")
+    assert told(out) is not None and told(out)[:2] == ("Warning", "ReconciliationFailed")
     c = r.condition(out.last)
     assert c.status is False and c.reason == "AuditFailed"
     for text in ("2 duplicates", "3 missing", "1 unexpected", "4 order violations", "1000"):
         assert text in c.message
-        assert text in out.event[2]
+        assert text in told(out)[2]
 
 
 def test_missing_dead_letters_are_reported() -> None:
@@ -83,7 +89,7 @@ def test_same_or_older_result_changes_nothing() -> None:
 def test_spark_application_state_is_recorded() -> None:
     previous: dict[str, Any] = {"time": "2026-11-22T03:10:00Z", "passed": True}
     out = r.outcome(None, "cm", previous, ("events-reconcile-1", "RUNNING"))
-    assert out.event is None
+    assert told(out) is None
     assert out.last == {
         **previous,
         "sparkApplication": "events-reconcile-1",
@@ -97,7 +103,7 @@ def test_spark_application_state_is_recorded() -> None:
         ("events-reconcile-2", "COMPLETED"),
     )
     assert fresh.last is not None and fresh.last["sparkApplicationState"] == "COMPLETED"
-    assert fresh.last["time"] == "2026-11-22T04:00:00Z" and fresh.event is not None
+    assert fresh.last["time"] == "2026-11-22T04:00:00Z" and told(fresh) is not None
 
 
 def test_newest_spark_application() -> None:
@@ -133,6 +139,6 @@ def test_content_mismatches_and_unverifiable_input_reach_the_status_and_the_mess
     out = r.outcome(summary(False, contentMismatches=2, unverifiable=40), "cm", None)
     assert out.last is not None
     assert (out.last["contentMismatches"], out.last["unverifiable"]) == (2, 40)
-    assert out.event is not None
-    assert "2 published with changed contents" in out.event[2]
-    assert "40 unverifiable (deleted by retention)" in out.event[2]
+    assert told(out) is not None
+    assert "2 published with changed contents" in told(out)[2]
+    assert "40 unverifiable (deleted by retention)" in told(out)[2]

@@ -192,6 +192,14 @@ OWNED_PATTERNS = {
         "contract/dedup_contract/timefmt.py",
         set(),
     ),
+    "the operator's Events (type, reason, message)": (
+        re.compile(rf"{Q}(Normal|Warning){Q}\s*,"),
+        "operator/dedup_operator/events.py",
+        {
+            # a handover's Event names, which dedupctl reads back as well
+            "contract/dedup_contract/handover.py",
+        },
+    ),
     "the API-client builder": (
         re.compile(r"\bApiClient\(|new_client_from_config|load_kube_config|load_incluster_config"),
         "contract/dedup_contract/kube_client.py",
