@@ -39,6 +39,7 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
+import results as bench_results
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
@@ -297,6 +298,7 @@ def main() -> int:
     parser.add_argument("--in-pod", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    bench_results.add_arguments(parser)
     args = parser.parse_args()
     if args.in_pod:
         return in_pod(args.bootstrap, args.name, args.executors, args.partitions)
@@ -334,6 +336,7 @@ def main() -> int:
                     return 1
                 rows.append((total, master, ours, baseline))
         _print(rows)
+    bench_results.record_figures(args, figures(rows, args.executors))
     return 0
 
 
@@ -434,7 +437,43 @@ def _session(master: str, work: Path) -> Any:
     )
 
 
-def _print(rows: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]) -> None:
+Rows = list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]
+"""(input records, runner, the median Spark run, the plain Python run or None)"""
+
+
+def figures(rows: Rows, executors: int) -> list[bench_results.Figure]:
+    """The results table's rows of this run: one per size on each local master (the
+    target is for local[2]), one for the executor pods over all sizes."""
+    out: list[bench_results.Figure] = []
+    on_pods: list[str] = []
+    for total, master, ours, baseline in rows:
+        label = bench_results.count_label(total)
+        rate = total / ours["total_s"]
+        if master.startswith("local"):
+            versus = (
+                f", {baseline['total_s'] / ours['total_s']:.2f}x plain Python" if baseline else ""
+            )
+            out.append(
+                bench_results.Figure(
+                    f"audit.{master}.{label}",
+                    f"audit, {label}, `{master}`",
+                    f"{ours['total_s']:.1f} s: {rate:,.0f} input records/s{versus}",
+                    f">= {TARGET:,}/s: {bench_results.verdict(rate >= TARGET)}",
+                )
+            )
+        elif master.startswith("k8s"):
+            unit = "" if on_pods else " input records/s"
+            on_pods.append(f"{rate:,.0f}{unit} at {label}")
+    if on_pods:
+        out.append(
+            bench_results.Figure(
+                "audit.k8s", f"audit on {executors} executor pods", ", ".join(on_pods), "none"
+            )
+        )
+    return out
+
+
+def _print(rows: Rows) -> None:
     print()
     print(
         "| input records | runner | reading s | computing s | total s | input records/s "

@@ -78,6 +78,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import results as bench_results
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -852,6 +853,103 @@ def report(
             )
 
 
+def _partitions(n: int) -> str:
+    return f"{n} partition{'s' if n > 1 else ''}"
+
+
+def figures(
+    args: argparse.Namespace, kills: Runs, alone: Baseline | None, manual: Baseline | None
+) -> list[bench_results.Figure]:
+    """The results table's rows of this run: the dedicated node against the StatefulSet
+    (if the dedicated case ran), and the kinds of node side by side (if a shared one ran)."""
+    out = []
+    dedicated = {n: runs for (case, n), runs in kills.items() if not case.foreign}
+    if dedicated:
+        out.append(defaults_figure(args, dedicated, alone, manual))
+    if any(case.foreign for case, _ in kills):
+        out.append(node_kinds_figure(kills))
+    return out
+
+
+def defaults_figure(
+    args: argparse.Namespace,
+    dedicated: dict[int, list[Kill]],
+    alone: Baseline | None,
+    manual: Baseline | None,
+) -> bench_results.Figure:
+    parts: list[str] = []
+    for n, runs in dedicated.items():
+        totals = [k.total_s for k in runs]
+        median = " median" if not parts else ""
+        parts.append(
+            f"{statistics.median(totals):.1f} s{median} (max {max(totals):.1f}), {_partitions(n)}"
+        )
+    figure = "node killed to the replacement's first commit: " + "; ".join(parts)
+    baseline: list[str] = []
+    if alone is not None:
+        baseline.append(
+            f"not recovered in {args.statefulset_wait_min:g} min"
+            if alone.recovered_s is None
+            else f"{alone.recovered_s:.1f} s with nobody acting"
+        )
+    if manual is not None:
+        took = "not recovered" if manual.recovered_s is None else f"{manual.recovered_s:.1f} s"
+        baseline.append(f"{took} with a person tainting at NotReady")
+    if baseline:
+        figure += ". StatefulSet: " + "; ".join(baseline)
+    met = max(k.total_s for runs in dedicated.values() for k in runs) <= TARGET_S
+    return bench_results.Figure(
+        "failover.defaults",
+        "failover, CRD defaults, production timings",
+        figure,
+        f"<= {TARGET_S:.0f} s: {bench_results.verdict(met)}",
+    )
+
+
+def node_kinds_figure(kills: Runs) -> bench_results.Figure:
+    several = len({n for _, n in kills}) > 1
+    parts: list[str] = []
+    passed: dict[str, list[bool]] = {}  # per kind of node, per partition count
+    for (case, n), runs in kills.items():
+        totals = [k.total_s for k in runs]
+        median, top = statistics.median(totals), max(totals)
+        of = f", {_partitions(n)}" if several else ""
+        if case.shutdown:
+            signal = [a for a in (after_signal(k) for k in runs) if a is not None]
+            after = (
+                f", {statistics.median(signal):.1f} s (max {max(signal):.1f}) after the taint"
+                if signal
+                else ", no shutdown taint seen"
+            )
+            parts.append(
+                f"shared with the cloud's shutdown taint {median:.1f} s (max {top:.1f}){after}{of}"
+            )
+            ok = len(signal) == len(runs) and max(signal, default=0.0) <= TARGET_S
+            passed.setdefault("shutdown", []).append(ok)
+        elif case.foreign:
+            took = f"{median:.1f} s"
+            if len(runs) > 1:
+                took += f" median (max {top:.1f})"
+            parts.append(f"shared, no signal {took}{of}")
+            passed.setdefault("shared", [])
+        else:
+            parts.append(f"dedicated {median:.1f} s median (max {top:.1f}){of}")
+            passed.setdefault("dedicated", []).append(top <= TARGET_S)
+    targets = {
+        "dedicated": f"dedicated <= {TARGET_S:.0f} s: "
+        + bench_results.verdict(all(passed.get("dedicated", []))),
+        "shutdown": f"<= {TARGET_S:.0f} s after the shutdown taint: "
+        + bench_results.verdict(all(passed.get("shutdown", []))),
+        "shared": "shared, no signal: none (Kubernetes' 6-minute force-detach)",
+    }
+    return bench_results.Figure(
+        "failover.by_node_kind",
+        "failover by kind of node",
+        "; ".join(parts),
+        "; ".join(text for kind, text in targets.items() if kind in passed),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -881,6 +979,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=15, help="kill phases")
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     command = "python bench/failover.py " + " ".join(argv if argv is not None else sys.argv[1:])
     counts = [int(n) for n in args.partitions.split(",") if n]
@@ -933,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
             print("operator log (tail):\n" + operator.log()[-4000:], file=sys.stderr)
             raise
     report(command, args, kills, alone, manual)
+    bench_results.record_figures(
+        args, figures(args, kills, alone, manual), bench_results.bench_command("failover.py", argv)
+    )
     return 0
 
 

@@ -19,6 +19,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import results as bench_results
+
 from dedup_contract.ownership import owner_reference, owners
 
 TARGET_US = 0.3
@@ -43,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=5)
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     rng = random.Random(26)
     kinds = {
@@ -66,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return [owner_reference(i, WORKERS) for i in batch]
 
     met = True
+    parts: list[str] = []
     print(f"owner of an id, {args.batch:,}-id batches, {WORKERS} workers (best of {args.repeats})")
     print(f"{'ids':<20}{'ours (C) us/id':>16}{'Python us/id':>16}{'speed-up':>10}  target")
     for name, batches in kinds.items():
@@ -77,6 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         met = met and ok
         verdict = "met" if ok else "MISSED"
         print(f"{name:<20}{c:>16.3f}{py:>16.3f}{py / c:>9.1f}x  <= {TARGET_US} us: {verdict}")
+        reference_rate = f"Python reference {py:.3f}: " if not parts else ""
+        parts.append(f"{c:.3f} us/id for {name} ({reference_rate}{py / c:.1f}x)")
+    figure = bench_results.Figure(
+        "ownership",
+        "owner of an id",
+        ", ".join(parts),
+        f"<= {TARGET_US} us: {bench_results.verdict(met)}",
+    )
+    bench_results.record_figures(args, [figure], bench_results.bench_command("ownership.py", argv))
     return 0 if met else 1
 
 

@@ -32,6 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import results as bench_results
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from dedup_contract.ids import ID_HEADER
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--records", type=int, default=2_000_000, help="published records")
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs of each")
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     command = "python bench/rebuild.py " + " ".join(argv if argv is not None else sys.argv[1:])
     ours: list[tuple[float, int]] = []
@@ -174,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         + " |"
     )
     print(f"\nrebuild / read alone: {ours_rate / base_rate:.2f}x")
+    figure = bench_results.Figure(
+        "rebuild",
+        "rebuilding a lost store",
+        f"{ours_rate:,.0f} ids/s, {ours_rate / base_rate:.2f}x the bare read ({base_rate:,.0f}/s) "
+        f"(load {min(load, load_end):.1f}-{max(load, load_end):.1f})",
+        "none",
+    )
+    bench_results.record_figures(args, [figure], bench_results.bench_command("rebuild.py", argv))
     return 0
 
 

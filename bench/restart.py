@@ -36,6 +36,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import results as bench_results
 from confluent_kafka import Consumer, TopicPartition
 from worker_throughput import fill, warm_group_coordinator, workload
 
@@ -162,6 +163,20 @@ def measure(
     return Restarts(keys, build_s, crash_s, clean_s)
 
 
+def figure(full: Restarts, empty: Restarts) -> bench_results.Figure:
+    """The results table's row of this run."""
+    label = bench_results.count_label(full.keys)
+    met = full.crash_s < TARGET_S and full.clean_s < TARGET_S
+    return bench_results.Figure(
+        f"restart.{label}",
+        f"restart to first commit, {label} ids",
+        f"{full.crash_s:.2f} s after SIGKILL between commit and store write (empty store "
+        f"{empty.crash_s:.2f} s: {full.crash_s / empty.crash_s:.2f}x); {full.clean_s:.2f} s "
+        f"after SIGTERM ({full.clean_s / empty.clean_s:.2f}x)",
+        f"< {TARGET_S:.0f} s: {bench_results.verdict(met)}",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000_000, help="ids in the store (10M)")
     parser.add_argument("--records", type=int, default=300_000, help="input records per run")
     parser.add_argument("--batch-size", type=int, default=5000, help="worker batch size")
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     command = "python bench/restart.py " + " ".join(argv if argv is not None else sys.argv[1:])
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-restart-") as scratch:
@@ -193,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| < {TARGET_S:.0f} s {verdict} |"
         )
     print(f"\n(building the {full.keys:,}-id store took {full.build_s:.0f} s, not timed above)")
+    bench_results.record_figures(
+        args, [figure(full, base)], bench_results.bench_command("restart.py", argv)
+    )
     return 0
 
 

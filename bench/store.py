@@ -37,6 +37,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
+import results as bench_results
 from rocksdict import (
     BottommostLevelCompaction,
     CompactOptions,
@@ -375,6 +376,52 @@ def report(
     return "\n".join(lines)
 
 
+def figures(keys: int, ours: Result, baseline: Result | None) -> list[bench_results.Figure]:
+    """The results table's rows of this run: with the baseline, lookups and disk; without
+    it, one row of ours alone."""
+    label = bench_results.count_label(keys)
+    bench = f"store, {label} ids"
+    size_targets = (
+        f"<= {TARGET_BYTES_PER_KEY:g} bytes/id: "
+        f"{bench_results.verdict(ours.bytes_per_key <= TARGET_BYTES_PER_KEY)}; "
+        f"reopen < {TARGET_REOPEN_S:g} s: {bench_results.verdict(ours.reopen_s < TARGET_REOPEN_S)}"
+    )
+    if baseline is None:
+        return [
+            bench_results.Figure(
+                f"store.{label}",
+                bench,
+                f"lookups {ours.lookups_per_s:,.0f}/s at 50% hits, "
+                f"{ours.realistic_lookups_per_s:,.0f}/s at 1% hits; "
+                f"{ours.bytes_per_key:.2f} bytes/id; reopen {ours.reopen_s:.2f} s; "
+                f"inserts {ours.inserts_per_s:,.0f}/s",
+                size_targets,
+            )
+        ]
+    return [
+        bench_results.Figure(
+            f"store.{label}.lookups",
+            bench,
+            f"lookups {ours.lookups_per_s:,.0f}/s at 50% hits (baseline "
+            f"{baseline.lookups_per_s:,.0f}/s: "
+            f"{ours.lookups_per_s / baseline.lookups_per_s:.2f}x), "
+            f"{ours.realistic_lookups_per_s:,.0f}/s at 1% hits "
+            f"({ours.realistic_lookups_per_s / baseline.realistic_lookups_per_s:.2f}x)",
+            f">= {TARGET_LOOKUPS_PER_S:,}/s at 50% hits: "
+            f"{bench_results.verdict(ours.lookups_per_s >= TARGET_LOOKUPS_PER_S)}",
+        ),
+        bench_results.Figure(
+            f"store.{label}.disk",
+            bench,
+            f"{ours.bytes_per_key:.2f} bytes/id on disk (baseline {baseline.bytes_per_key:.2f}); "
+            f"reopen to first lookup {ours.reopen_s:.2f} s; inserts {ours.inserts_per_s:,.0f}/s "
+            f"({ours.inserts_per_s / baseline.inserts_per_s:.2f}x); expiring the oldest 1/8 "
+            f"{ours.expire_s:.3f} s (baseline {baseline.expire_s:.3f} s)",
+            size_targets,
+        ),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -406,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=StoreConfig().lookup_threads,
         help="threads sharing each batched lookup of ours (default: StoreConfig's)",
     )
+    bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     keys = 100_000_000 if args.huge else args.keys
     if keys < BATCH or args.lookup_batches <= args.warmup:
@@ -430,6 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(report(keys, config, ours, baseline, command.strip(), (load_start, os.getloadavg()[0])))
+    bench_results.record_figures(
+        args, figures(keys, ours, baseline), bench_results.bench_command("store.py", argv)
+    )
     return 0
 
 

@@ -76,6 +76,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import results as bench_results
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -97,6 +98,23 @@ HERE = Path(__file__).resolve().parent
 DUPLICATE_SHARE = 0.02
 WINDOW_MS = 7 * 24 * 3600 * 1000
 PEERS = ("kstreams", "quix")
+TARGET_RECORDS_PER_S = 100_000
+TARGET_QUIX_RATIO = 3.0
+TARGET_KSTREAMS_RATIO = 2.0  # at the counts below, and through a repartition topic
+KSTREAMS_TARGET_COUNTS = (2_000_000, 5_000_000)
+TARGET_COMMIT_P99_MS = 100.0
+TARGET_OWNERSHIP_COST = 0.97  # median (b)/(a): under ownership / without
+
+
+def counts_text(counts: Sequence[int]) -> str:
+    """[500000, 2000000, 5000000] -> "500k, 2M and 5M"."""
+    labels = [bench_results.count_label(n) for n in counts]
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def load_range(loads: Sequence[float]) -> str:
+    """The 1-minute load averages seen during a run, as the results table shows them."""
+    return f"(load {min(loads):.1f}-{max(loads):.1f})"
 
 
 def workload(records: int, seed: int = 7) -> list[tuple[bytes, bytes]]:
@@ -461,8 +479,10 @@ def run_partitions(
     counts: list[int],
     tmp: Path,
     batch_size: int,
+    figures: list[bench_results.Figure],
 ) -> int:
     records = len(data)
+    loads = [os.getloadavg()[0]]
     print(
         f"[bench] {records} records of ~300 B, {DUPLICATE_SHARE:.0%} duplicates, exactly-once, "
         f"over 1 to {max(counts)} partitions, one worker process per partition, {os.cpu_count()} CPUs"
@@ -523,6 +543,18 @@ def run_partitions(
         if error:
             print(f"ERROR: {error}", file=sys.stderr)
             return 1
+    loads.append(os.getloadavg()[0])
+    figures.append(
+        bench_results.Figure(
+            "worker_throughput.partitions",
+            f"worker on {', '.join(map(str, counts))} partitions, {bench_results.count_label(records)}",
+            " / ".join(f"{row['records_per_s']:,.0f}" for row in rows)
+            + " records/s; worker CPU "
+            + " / ".join(f"{row['worker_cpu_us']:.1f}" for row in rows)
+            + f" us per record {load_range(loads)}",
+            "none",
+        )
+    )
     return 0
 
 
@@ -828,6 +860,7 @@ def run_ownership_cost(
     tmp: Path,
     batch_size: int,
     peer: bool,
+    figures: list[bench_results.Figure],
 ) -> int:
     """(a) 4 workers without ownership against (b) 4 under ownership, alternating, on one
     input keyed by id over 4 partitions (every record hashed, none forwarded)."""
@@ -927,11 +960,13 @@ def run_ownership_cost(
         f"{'b/a per pair':>24} {'median b/a':>10} {'Kafka Streams/s':>16} {'(b)/KS':>7}"
     )
     worst = {"wall": float("inf"), "steady": float("inf")}
+    medians: dict[tuple[int, str], float] = {}  # (records, rate) -> median (b)/(a)
     for records, plain, owned, ks_rate in summary:
         for rate in ("wall", "steady"):
             a = [r.records_per_s if rate == "wall" else r.steady_records_per_s for r in plain]
             b = [r.records_per_s if rate == "wall" else r.steady_records_per_s for r in owned]
             ratios = [y / x for x, y in zip(a, b, strict=True)]
+            medians[records, rate] = statistics.median(ratios)
             worst[rate] = min(worst[rate], statistics.median(ratios))
             ks = ""
             if ks_rate:  # (wall, steady) of Kafka Streams: from its start, its first record
@@ -944,9 +979,28 @@ def run_ownership_cost(
             )
     for rate, ratio in worst.items():
         print(
-            f"target ({rate}): median (b)/(a) >= 0.97 at every count: "
-            f"{'met' if ratio >= 0.97 else 'MISSED'} (lowest median {ratio:.3f})"
+            f"target ({rate}): median (b)/(a) >= {TARGET_OWNERSHIP_COST} at every count: "
+            f"{'met' if ratio >= TARGET_OWNERSHIP_COST else 'MISSED'} (lowest median {ratio:.3f})"
         )
+    figures.append(
+        bench_results.Figure(
+            "worker_throughput.ownership_cost",
+            "ownership cost, keyed by id",
+            "(b)/(a) median "
+            + "; ".join(
+                f"{medians[n, 'wall']:.3f} at {bench_results.count_label(n)} "
+                f"(steady {medians[n, 'steady']:.3f})"
+                for n in counts
+            ),
+            f">= {TARGET_OWNERSHIP_COST}: "
+            + "; ".join(
+                f"{bench_results.verdict(medians[n, 'wall'] >= TARGET_OWNERSHIP_COST)} at "
+                f"{bench_results.count_label(n)}"
+                for n in counts
+            )
+            + f" (steady: {bench_results.verdict(worst['steady'] >= TARGET_OWNERSHIP_COST)})",
+        )
+    )
     return 0
 
 
@@ -957,6 +1011,7 @@ def run_round_robin(
     tmp: Path,
     batch_size: int,
     peer: bool,
+    figures: list[bench_results.Figure],
 ) -> int:
     """Records produced round-robin over 4 partitions: ours under ownership against a
     Kafka Streams app re-keying by the id through a repartition topic."""
@@ -995,6 +1050,8 @@ def run_round_robin(
     )
     errors = [check_owned_output(bootstrap, "ours", f"{name}-out", uniques, partitions)]
     drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+    figure = f"ours {run.records_per_s:,.0f} records/s ({run.forwarded / records:.1%} forwarded)"
+    target = "none: no peer run"
     if peer:
         name = f"rr-{records}-kstreams"
         if broker is not None:
@@ -1028,9 +1085,26 @@ def run_round_robin(
             f"{run.steady_records_per_s / result.steady_records_per_s:.2f}x   (target: >= 2x)"
         )
         shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
+        ratio = run.records_per_s / result.records_per_s
+        figure += (
+            f", Kafka Streams through a repartition topic {result.records_per_s:,.0f}/s: "
+            f"{ratio:.2f}x (steady "
+            f"{run.steady_records_per_s / result.steady_records_per_s:.2f}x)"
+        )
+        target = f">= {TARGET_KSTREAMS_RATIO:g}x: {bench_results.verdict(ratio >= TARGET_KSTREAMS_RATIO)}"
     wrong = [error for error in errors if error]
     for error in wrong:
         print(f"ERROR: {error}", file=sys.stderr)
+    if not wrong:
+        label = bench_results.count_label(records)
+        figures.append(
+            bench_results.Figure(
+                f"worker_throughput.round_robin.{label}",
+                f"ownership, round-robin input, {label}",
+                figure,
+                target,
+            )
+        )
     return 1 if wrong else 0
 
 
@@ -1041,6 +1115,7 @@ def run_commit_p99(
     worker_counts: list[int],
     tmp: Path,
     batch_size: int,
+    figures: list[bench_results.Figure],
 ) -> int:
     """Commit latency when each commit writes up to W internal-partition markers: one
     worker process, worker 0 of W, on a 1-partition input keyed by id, so (W-1)/W of its
@@ -1058,6 +1133,7 @@ def run_commit_p99(
         flush=True,
     )
     rows = []
+    loads = [os.getloadavg()[0]]
     for workers in worker_counts:
         name = f"cp-{records}-w{workers}"
         if broker is not None:
@@ -1111,12 +1187,27 @@ def run_commit_p99(
             )
             return 1
         drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+        loads.append(os.getloadavg()[0])
     print(f"{'W':>4} {'commits':>8} {'p50 ms':>7} {'p99 ms':>7} {'records/s':>10}")
     for workers, result, rate in rows:
         print(
             f"{workers:>4} {result['commits']:>8} {result['p50_commit_ms']:>7.1f} "
             f"{result['p99_commit_ms']:>7.1f} {rate:>10,.0f}"
         )
+    p99s = [(workers, float(result["p99_commit_ms"])) for workers, result, _ in rows]
+    figures.append(
+        bench_results.Figure(
+            "worker_throughput.forwarding_commit_p99",
+            "commit p99 with forwarding",
+            ", ".join(
+                f"{p99:.1f}{' ms' if i == 0 else ''} at W={workers}"
+                for i, (workers, p99) in enumerate(p99s)
+            )
+            + f" {load_range(loads)}",
+            f"<= {TARGET_COMMIT_P99_MS:.0f} ms: "
+            + bench_results.verdict(max(p99 for _, p99 in p99s) <= TARGET_COMMIT_P99_MS),
+        )
+    )
     return 0
 
 
@@ -1211,6 +1302,7 @@ def main() -> int:
     )
     parser.add_argument("--partition-child", help=argparse.SUPPRESS)
     parser.add_argument("--owner-child", help=argparse.SUPPRESS)
+    bench_results.add_arguments(parser)
     args = parser.parse_args()
     if args.partition_child:
         return partition_child(args.partition_child)
@@ -1220,7 +1312,20 @@ def main() -> int:
     ownership_modes = args.ownership_cost or args.round_robin or args.commit_p99
     if ownership_modes:
         peers = [peer for peer in peers if peer == "kstreams"]  # Quix has no part in these
+    figures: list[bench_results.Figure] = []
+    try:
+        return run_modes(args, peers, ownership_modes, figures)
+    finally:
+        bench_results.record_figures(args, figures)  # what completed and checked out
 
+
+def run_modes(
+    args: argparse.Namespace,
+    peers: list[str],
+    ownership_modes: bool,
+    figures: list[bench_results.Figure],
+) -> int:
+    """The modes main() was asked for, on one broker; the rows they produce into ``figures``."""
     with (
         ExitStack() as stack,
         tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp,
@@ -1251,6 +1356,7 @@ def main() -> int:
                     tmp_path,
                     args.batch_size,
                     "kstreams" in peers,
+                    figures,
                 )
             if args.round_robin and not code:
                 code |= run_round_robin(
@@ -1260,6 +1366,7 @@ def main() -> int:
                     tmp_path,
                     args.batch_size,
                     "kstreams" in peers,
+                    figures,
                 )
             if args.commit_p99 and not code:
                 code |= run_commit_p99(
@@ -1269,13 +1376,14 @@ def main() -> int:
                     args.workers,
                     tmp_path,
                     args.batch_size,
+                    figures,
                 )
             return code
         args.records = args.records or [500_000]
         if args.partitions:
             data = workload(args.records[0])
             return run_partitions(
-                bootstrap, broker, data, args.partitions, Path(tmp), args.batch_size
+                bootstrap, broker, data, args.partitions, Path(tmp), args.batch_size, figures
             )
         largest = max([*args.records, *([args.peer_records] if args.peer_records else [])])
         data = workload(largest)
@@ -1363,7 +1471,74 @@ def main() -> int:
             summary.append((records, ours, rates))
         if len(summary) > 1:
             print_summary(summary, peers)
+        figures.extend(comparison_figures(summary))
     return 0
+
+
+def comparison_figures(
+    summary: list[tuple[int, dict[str, float], dict[str, float]]],
+) -> list[bench_results.Figure]:
+    """The results table's rows of the peer comparison: ours against each peer that ran,
+    per count, and our commit p99 over the counts."""
+    out: list[bench_results.Figure] = []
+    for records, ours, rates in summary:
+        label = bench_results.count_label(records)
+        rate = ours["records_per_s"]
+        if "kstreams" in rates:
+            ratio = rate / rates["kstreams"]
+            met = ratio >= TARGET_KSTREAMS_RATIO
+            target = (
+                f">= {TARGET_KSTREAMS_RATIO:g}x: {bench_results.verdict(met)}"
+                if records in KSTREAMS_TARGET_COUNTS
+                else "none"
+            )
+            out.append(
+                bench_results.Figure(
+                    f"worker_throughput.kstreams.{label}",
+                    f"worker against Kafka Streams, {label}",
+                    f"ours {rate:,.0f} records/s, Kafka Streams {rates['kstreams']:,.0f}/s: "
+                    f"{ratio:.2f}x",
+                    target,
+                )
+            )
+        if "quix" in rates:
+            ratio = rate / rates["quix"]
+            fast, ahead = rate >= TARGET_RECORDS_PER_S, ratio >= TARGET_QUIX_RATIO
+            both = f">= {TARGET_RECORDS_PER_S:,}/s and >= {TARGET_QUIX_RATIO:g}x"
+            target = (
+                f"{both}: {bench_results.verdict(fast)}"
+                if fast == ahead
+                else f">= {TARGET_RECORDS_PER_S:,}/s: {bench_results.verdict(fast)}; "
+                f">= {TARGET_QUIX_RATIO:g}x: {bench_results.verdict(ahead)}"
+            )
+            out.append(
+                bench_results.Figure(
+                    f"worker_throughput.quix.{label}",
+                    f"worker against Quix Streams, {label}",
+                    f"ours {rate:,.0f} records/s, Quix Streams {rates['quix']:,.0f}/s: "
+                    f"{ratio:.2f}x",
+                    target,
+                )
+            )
+    counts = [records for records, _, _ in summary]
+    labels = [bench_results.count_label(records) for records in counts]
+    p99 = [ours["p99_commit_ms"] for _, ours, _ in summary]
+    p50 = sorted({f"{ours['p50_commit_ms']:.0f}" for _, ours, _ in summary}, key=float)
+    each = [f"{value:.1f}" for value in p99]
+    each[0] += " ms"
+    if len(labels) > 1:
+        each = [f"{text} at {label}" for text, label in zip(each, labels, strict=True)]
+    p50_range = p50[0] if p50[0] == p50[-1] else f"{p50[0]}-{p50[-1]}"
+    out.append(
+        bench_results.Figure(
+            "worker_throughput.commit_p99." + "_".join(labels),
+            f"worker commit p99, {counts_text(counts)}",
+            f"{', '.join(each)} (p50 {p50_range} ms)",
+            f"<= {TARGET_COMMIT_P99_MS:.0f} ms: "
+            + bench_results.verdict(max(p99) <= TARGET_COMMIT_P99_MS),
+        )
+    )
+    return out
 
 
 def print_summary(
