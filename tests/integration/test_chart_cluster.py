@@ -117,10 +117,15 @@ def render_rbac(release_ns: str, watched: list[str] | None) -> tuple[str, str]:
     return release, yaml.safe_dump_all(docs)
 
 
-@pytest.fixture
-def stand_in_monitoring_crds(dedup_crd: KubeCluster, tmp_path: Path) -> Iterator[None]:
-    """The STAND-IN monitoring.coreos.com CRDs, for this test only."""
-    path = tmp_path / "stand-in-monitoring-crds.yaml"
+@pytest.fixture(scope="module")
+def stand_in_monitoring_crds(
+    dedup_crd: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The STAND-IN monitoring.coreos.com CRDs, for this module's dry runs only: installed
+    once for both value sets. A CRD deleted between them was still terminating when the
+    next one applied its objects (the API server refuses those while it is), so they are
+    deleted once, at the end, without waiting for the API server to finish."""
+    path = tmp_path_factory.mktemp("monitoring") / "stand-in-monitoring-crds.yaml"
     path.write_text(yaml.safe_dump_all(STAND_IN_MONITORING_CRDS))
     dedup_crd.control_plane.install_crds([path])
     try:
@@ -128,7 +133,7 @@ def stand_in_monitoring_crds(dedup_crd: KubeCluster, tmp_path: Path) -> Iterator
     finally:
         for crd in STAND_IN_MONITORING_CRDS:
             dedup_crd.control_plane.kubectl(
-                "delete", "crd", crd["metadata"]["name"], "--ignore-not-found"
+                "delete", "crd", crd["metadata"]["name"], "--ignore-not-found", "--wait=false"
             )
 
 
