@@ -826,6 +826,36 @@ def owners_run(
     )
 
 
+def run_kstreams_on(
+    broker: KafkaBroker | None,
+    bootstrap: str,
+    input_topic: str,
+    name: str,
+    records: int,
+    uniques: int,
+    tmp: Path,
+    partitions: int,
+    topology: str = "plain",
+) -> kstreams.PeerResult:
+    """(Ownership modes.) Kafka Streams with one stream thread per input partition on
+    `input_topic`, into `<name>-out` (`partitions` partitions) and `<name>-dlq`."""
+    if broker is not None:
+        broker.create_topic(f"{name}-out", partitions)
+        broker.create_topic(f"{name}-dlq", 1)
+    return kstreams.run(
+        bootstrap,
+        input_topic,
+        f"{name}-out",
+        f"{name}-dlq",
+        records,
+        uniques,
+        tmp / f"{name}-state",
+        window_ms=WINDOW_MS,
+        threads=partitions,
+        topology=topology,
+    )
+
+
 def drop_topics(broker: KafkaBroker | None, *topics: str) -> None:
     """Delete a finished run's topics (the bench's disk; nothing waits for it)."""
     if broker is not None:
@@ -924,19 +954,8 @@ def run_ownership_cost(
         ks_rate = None
         if peer:
             name = f"oc-{records}-kstreams"
-            if broker is not None:
-                broker.create_topic(f"{name}-out", partitions)
-                broker.create_topic(f"{name}-dlq", 1)
-            result = kstreams.run(
-                bootstrap,
-                input_topic,
-                f"{name}-out",
-                f"{name}-dlq",
-                records,
-                uniques,
-                tmp / f"{name}-state",
-                window_ms=WINDOW_MS,
-                threads=partitions,
+            result = run_kstreams_on(
+                broker, bootstrap, input_topic, name, records, uniques, tmp, partitions
             )
             ks_rate = (result.records_per_s, result.steady_records_per_s)
             print(
@@ -1054,20 +1073,8 @@ def run_round_robin(
     target = "none: no peer run"
     if peer:
         name = f"rr-{records}-kstreams"
-        if broker is not None:
-            broker.create_topic(f"{name}-out", partitions)
-            broker.create_topic(f"{name}-dlq", 1)
-        result = kstreams.run(
-            bootstrap,
-            input_topic,
-            f"{name}-out",
-            f"{name}-dlq",
-            records,
-            uniques,
-            tmp / f"{name}-state",
-            window_ms=WINDOW_MS,
-            threads=partitions,
-            topology="repartition",
+        result = run_kstreams_on(
+            broker, bootstrap, input_topic, name, records, uniques, tmp, partitions, "repartition"
         )
         print(
             f"peer : {result.records_per_s:>9,.0f} records/s (Kafka Streams "
