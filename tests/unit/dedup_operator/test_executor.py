@@ -1,7 +1,8 @@
 """The act step (dedup_operator.executor): one applier per action type, and what the
 appliers do with a write's outcome (an action's own Event only when the write did
 something, a taint someone else's got to first off the list, the fault point before
-the handover record, a refused topic deletion stopping the rest). Fake API: no server."""
+the handover record, a refused topic deletion stopping the rest), over a STAND-IN for
+the API server (test_reconcile_pass.FakeKube); the real one: tests/integration/test_operator*.py."""
 
 from __future__ import annotations
 

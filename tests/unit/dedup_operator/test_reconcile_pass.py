@@ -1,7 +1,11 @@
-"""Whole reconcile passes (dedup_operator.reconcile) over a fake API and fake Kafka: the
-Outcome each returns (its result, the actions applied, `requeue_after`), that observing
-writes nothing and the report writes the status only, the internal topic created before
-the workers are decided, and a deleted pipeline finalized. No server."""
+"""Whole reconcile passes (dedup_operator.reconcile) over STAND-INS for the API server
+(`FakeKube`) and Kafka's admin calls: the Outcome each returns (its result, the actions
+applied, `requeue_after`), that observing writes nothing and the report writes the
+status only, the internal topic created before the workers are decided, and a deleted
+pipeline finalized. Stand-ins because these assert the order of a pass's calls, which
+a real server does not report; the same passes on the real control plane and broker
+are tests/integration/test_operator.py, test_operator_ownership.py and
+test_operator_api_load.py (which counts a pass's requests in the audit log)."""
 
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ def topic_facts(owned: bool) -> TopicFacts:
 
 
 class FakeKube:
-    """Answers reads from what it holds; records every write (and refuses on demand).
+    """A STAND-IN for the Kube shell: answers reads from what it holds; records every write (and refuses on demand).
     Only the calls a reconcile pass makes."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
