@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from itertools import compress
-from operator import itemgetter, methodcaller, not_
+from operator import not_
 from typing import NamedTuple, Protocol
 
 from dedup_contract.ids import (
@@ -96,7 +97,18 @@ class Firsts:
     records: list[InputRecord]
     message_ids: list[str]
     utf8_ids: list[bytes]  # message_ids encoded: the output's id header values
-    keys: list[bytes]  # their store keys (ids.id_key)
+    computed_keys: list[bytes] | None = dataclass_field(default=None, compare=False, repr=False)
+    """The store keys when already known (`keys` computes them otherwise)."""
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The ids' store keys (ids.id_key), computed on first use: a worker hashes
+        only the ids it owns, not those it forwards (0.3-0.4 us an id)."""
+        keys = self.computed_keys
+        if keys is None:
+            keys = id_keys(self.utf8_ids)
+            object.__setattr__(self, "computed_keys", keys)  # a cache of derived columns
+        return keys
 
     def __len__(self) -> int:
         return len(self.records)
@@ -130,7 +142,7 @@ class Firsts:
             list(compress(self.records, keep)),
             list(compress(self.message_ids, keep)),
             list(compress(self.utf8_ids, keep)),
-            list(compress(self.keys, keep)),
+            None if self.computed_keys is None else list(compress(self.computed_keys, keep)),
         )
 
 
@@ -145,17 +157,14 @@ class Triage:
     newest_ms: int
 
 
-_value = methodcaller("value")
-_timestamp_ms = itemgetter(1)
-_timestamp = methodcaller("timestamp")
-
-
 def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
     # A top-level JSON field: a batch of plain string ids is decided at once
     # (`plain_json_ids`); a batch with any other record, and other sources, take the
     # rules record by record.
     field = plain_field(spec)
-    message_ids = None if field is None else plain_json_ids(field, list(map(_value, records)))
+    message_ids = (
+        None if field is None else plain_json_ids(field, [record.value() for record in records])
+    )
     if message_ids is None:
         return _triage_each(records, spec, field)
     return triage_known(records, message_ids, list(map(str.encode, message_ids)))
@@ -166,15 +175,17 @@ def triage_known(
 ) -> Triage:
     """`triage` of a batch whose every record has a valid id, decided at once (entry i
     of each list is about the same record): the first occurrences and the repeats."""
-    firsts = Firsts(list(records), message_ids, utf8_ids, id_keys(utf8_ids))
-    newest_ms = max(0, max(map(_timestamp_ms, map(_timestamp, records)), default=0))
-    if len(set(firsts.keys)) == len(firsts):
+    # Repeats found by the ids' bytes (equal ids, equal keys): the store keys are
+    # computed later, for the ids this worker owns only.
+    firsts = Firsts(list(records), message_ids, utf8_ids)
+    newest_ms = max(0, max([record.timestamp()[1] for record in records], default=0))
+    if len(set(utf8_ids)) == len(firsts):
         return Triage(firsts, 0, [], newest_ms)
     seen: set[bytes] = set()
     keep: list[bool] = []
-    for key in firsts.keys:
-        keep.append(key not in seen)
-        seen.add(key)
+    for utf8_id in utf8_ids:
+        keep.append(utf8_id not in seen)
+        seen.add(utf8_id)
     return Triage(firsts.where(keep), len(firsts) - len(seen), [], newest_ms)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import eq, methodcaller, ne
+from operator import eq, ne
 from typing import Final, cast
 
 from dedup_contract.batch import DeadLetter, Firsts, Headers, InputRecord, Triage, triage_known
@@ -45,8 +45,6 @@ something other than a worker wrote it."""
 
 Source = tuple[str, int]
 """A (topic, partition) a worker reads."""
-
-_headers = methodcaller("headers")
 
 
 def sources_of(worker: int, workers: int, partitions: int) -> list[int]:
@@ -100,7 +98,7 @@ def triage_forwarded(records: Sequence[InputRecord]) -> Triage:
     A batch whose every record carries a valid id (the only case workers write) is
     decided at once, driven from C, with one list comprehension over the headers;
     any other takes `forwarded_id` record by record."""
-    utf8_ids = _all_forwarded_ids(list(map(_headers, records)))
+    utf8_ids = _all_forwarded_ids([record.headers() for record in records])
     if utf8_ids is not None:
         try:
             message_ids = list(map(bytes.decode, utf8_ids))
@@ -165,17 +163,17 @@ def merge(first: Triage, then: Triage) -> Triage:
     repeats."""
     if not then.firsts and not then.dead_letters:
         return first
-    seen = set(first.firsts.keys)
-    keep = [key not in seen for key in then.firsts.keys]
+    seen = set(first.firsts.utf8_ids)
+    keep = [utf8_id not in seen for utf8_id in then.firsts.utf8_ids]
     kept = then.firsts.where(keep)
     a, b = first.firsts, kept
+    keys = (
+        None
+        if a.computed_keys is None or b.computed_keys is None
+        else a.computed_keys + b.computed_keys
+    )
     return Triage(
-        Firsts(
-            a.records + b.records,
-            a.message_ids + b.message_ids,
-            a.utf8_ids + b.utf8_ids,
-            a.keys + b.keys,
-        ),
+        Firsts(a.records + b.records, a.message_ids + b.message_ids, a.utf8_ids + b.utf8_ids, keys),
         first.repeats + then.repeats + len(keep) - len(kept),
         first.dead_letters + then.dead_letters,
         max(first.newest_ms, then.newest_ms),

@@ -143,3 +143,17 @@ def test_firsts_where_keeps_rows_together() -> None:
     assert kept.utf8_ids == [b"a", b"c"]
     with pytest.raises(ValueError):
         split.firsts.where([True])
+
+
+def test_store_keys_are_hashed_only_for_the_rows_kept() -> None:
+    # A worker hashes the ids it owns, not those it forwards: `where` before `keys`
+    # carries no keys, and the kept rows' keys are the ids' own.
+    split = triage([rec(0, event("a")), rec(1, event("b")), rec(2, event("a"))], IdSpec())
+    assert split.repeats == 1  # found by the ids' bytes, before any key exists
+    assert split.firsts.computed_keys is None
+    kept = split.firsts.where([False, True])
+    assert kept.computed_keys is None
+    assert kept.keys == [id_key("b")]
+    assert kept.computed_keys == [id_key("b")]  # computed once
+    assert split.firsts.keys == [id_key("a"), id_key("b")]
+    assert split.firsts.where([True, False]).computed_keys == [id_key("a")]
