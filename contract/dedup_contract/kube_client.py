@@ -15,8 +15,10 @@ a token from its own bucket (`RequestRate`, QPS 20, burst 30 unless the caller s
 otherwise) before every request it sends, watches' included (a watch costs one token
 when it starts). A request that finds the bucket empty waits for its token, which is
 the point: a pass that would send a burst of hundreds of requests is spread out instead
-of landing on the API server at once. `qps=None` builds a client without a limit (the
-local harness's administrator, whose tests set up clusters as fast as they can).
+of landing on the API server at once. A request the API server refuses with 429 (API
+Priority and Fairness) is sent again after its Retry-After. `qps=None` builds a client
+without either (the local harness's administrator, whose tests set up clusters as fast
+as they can).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import urllib3
 from kubernetes import client, config
 
 DEFAULT_QPS: Final = 20.0
@@ -67,17 +70,53 @@ class RequestRate:
         return wait
 
 
+MAX_THROTTLED_RETRIES: Final = 10  # client-go's default for a 429 with Retry-After
+THROTTLED_WAIT_S: Final = (0.5, 1.0, 2.0, 4.0, 8.0)  # without Retry-After, then capped
+MAX_RETRY_AFTER_S: Final = 30.0
+
+
+def throttled_wait(attempt: int, retry_after: str | None) -> float:
+    """Seconds to wait before resending a request refused with 429 (the API server's
+    priority and fairness: the request was not processed, so any verb may be resent):
+    the server's Retry-After when it gives one (capped), else a doubling backoff."""
+    try:
+        asked = float(retry_after) if retry_after is not None else None
+    except ValueError:  # an HTTP date, which the API server does not send
+        asked = None
+    if asked is not None and asked >= 0:
+        return min(asked, MAX_RETRY_AFTER_S)
+    return THROTTLED_WAIT_S[min(attempt, len(THROTTLED_WAIT_S) - 1)]
+
+
 class RateLimitedApiClient(client.ApiClient):
     """An ApiClient whose every request (`call_api`, through which the typed APIs, the
-    dynamic client and watches all send theirs) first takes a token from `rate`."""
+    dynamic client and watches all send theirs) first takes a token from `rate`, and is
+    sent again after a 429 (up to MAX_THROTTLED_RETRIES times, waiting `throttled_wait`;
+    as client-go does); `throttled` counts the 429s it met."""
 
-    def __init__(self, configuration: client.Configuration, rate: RequestRate) -> None:
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        rate: RequestRate,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         super().__init__(configuration)
         self.rate = rate
+        self.throttled = 0
+        self._sleep = sleep
 
     def call_api(self, *args: Any, **kwargs: Any) -> Any:
-        self.rate.take()
-        return super().call_api(*args, **kwargs)
+        # The generated client raises ApiException after this returns (when it reads
+        # the response), so a refusal is seen here by its status.
+        for attempt in range(MAX_THROTTLED_RETRIES + 1):
+            self.rate.take()
+            response = super().call_api(*args, **kwargs)
+            if getattr(response, "status", None) != 429 or attempt == MAX_THROTTLED_RETRIES:
+                return response
+            self.throttled += 1
+            response.read()  # type: ignore[no-untyped-call]  # its connection back to the pool
+            self._sleep(throttled_wait(attempt, response.headers.get("Retry-After")))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def api_client(
@@ -115,4 +154,8 @@ def api_client(
         configuration.retries = retries
     if qps is None:
         return client.ApiClient(configuration)
+    if retries is None:
+        # urllib3's default retries, except a 429's Retry-After: that is resent here
+        # (counted, up to MAX_THROTTLED_RETRIES), not inside urllib3 as well
+        configuration.retries = urllib3.Retry(3, respect_retry_after_header=False)
     return RateLimitedApiClient(configuration, RequestRate(qps, burst))

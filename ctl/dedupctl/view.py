@@ -4,15 +4,15 @@ The shell (`cli.py`) reads a pipeline, its Events, its audit result ConfigMap an
 workers' /metrics (through the API server's pod proxy) and hands them here as plain
 dicts and text. Every field shown comes from there:
 
-- per pipeline: `status.phase`, `readyPartitions`, `duplicatesDropped`, `recordsIn`,
-  `recordsOut`, `consumerLag`, `failovers`, `conditions`, `lastReconciliation` (all
-  written by the operator's pass, `reconcile.py`);
+- per pipeline: `status.phase`, `readyPartitions`, `failovers`, `conditions`,
+  `lastReconciliation` (written by the operator's pass, `reconcile.py`), and
+  `duplicatesDropped`, `recordsIn`, `recordsOut`, `consumerLag`: the sums of the
+  workers' own when every worker answered, else the status's (refreshed at most once
+  per the operator's `--status-counters-interval`);
 - per partition: `status.partitions[]` (`node`, `pod`, `epoch`, `phase`, `ready`, `lag`,
-  `duplicates`, `handover`, `lastHandover`), and from the worker's own /metrics
-  `dedup_records_in_total`, `dedup_records_out_total`, `dedup_dead_letters_total`
-  (dead letters are not in status) and the input rate, the difference of two scrapes of
-  `dedup_records_in_total` over the time between them. A value nobody reported is None
-  (shown as "—").
+  `duplicates`, `handover`, `lastHandover`), and from the worker's own /metrics its
+  records in and out, dead letters and input rate (two scrapes' difference over the time
+  between them). A value nobody reported is None (shown as "—").
 
 The JSON document of `status -o json` is `STATUS_SCHEMA_VERSION` 3 (its keys, and what
 each version added: docs/operations.md#dedupctl); they are pinned by a unit test: add
@@ -214,17 +214,24 @@ def pipeline_doc(
     forwarded = [d["forwarded"] for d in parts]
     complete = bool(parts) and None not in read and None not in forwarded
     dead = [d["deadLetters"] for d in parts]
+    # every worker answered: the totals are theirs, live; else the status's, which the
+    # operator refreshes at most once per --status-counters-interval (60 s)
+    live = bool(parts) and None not in read
+
+    def total(key: str, status_key: str) -> int | None:
+        return sum(int(d[key] or 0) for d in parts) if live else _int(status.get(status_key))
+
     return {
         "namespace": meta.get("namespace"),
         "name": meta.get("name"),
         "phase": status.get("phase"),
         "partitions": _int(spec.get("partitions")),
         "readyPartitions": _int(status.get("readyPartitions")),
-        "recordsIn": _int(status.get("recordsIn")),
-        "recordsOut": _int(status.get("recordsOut")),
-        "duplicatesDropped": _int(status.get("duplicatesDropped")),
+        "recordsIn": total("recordsIn", "recordsIn"),
+        "recordsOut": total("recordsOut", "recordsOut"),
+        "duplicatesDropped": total("duplicatesDropped", "duplicatesDropped"),
         "deadLetters": sum(d for d in dead if d is not None) if dead and None not in dead else None,
-        "consumerLag": _int(status.get("consumerLag")),
+        "consumerLag": total("lag", "consumerLag"),
         # the share of the input read on a partition its id's owner does not read
         # (forwarded through the internal topic), since the workers started
         "misroutedShare": round(sum(forwarded) / sum(read), 4) if complete and sum(read) else None,

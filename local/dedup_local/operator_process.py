@@ -147,6 +147,9 @@ def running_operator(
                 str(interval),
                 "--topic-check-interval",
                 "3",
+                # the tests read the workers' counters from the status as they change
+                "--status-counters-interval",
+                "1",
                 "--metrics-port",
                 str(port),
                 "--metrics-address",

@@ -15,7 +15,10 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from dedup_operator.kube import Kube
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -58,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="seconds between reconcile passes of each pipeline",
+    )
+    p.add_argument(
+        "--status-counters-interval",
+        type=float,
+        default=60.0,
+        help="seconds between scrapes of a pipeline's workers for the counters in its "
+        "status (records, duplicates, lag); live values are on the workers' /metrics",
+    )
+    p.add_argument(
+        "--pass-threads",
+        type=int,
+        default=4,
+        help="reconcile passes over different pipelines at once (one at a time per pipeline)",
     )
     p.add_argument(
         "--topic-check-interval",
@@ -177,12 +193,29 @@ async def _run_operator(
             await runner.cleanup()
 
 
+def _export_client_counts(kube: Kube) -> None:
+    """The API client's 429 refusals and the watches' lists, read at each scrape."""
+    from dedup_operator import operator_metrics
+
+    operator_metrics.API_THROTTLED.set_function(lambda: getattr(kube.api, "throttled", 0))
+    for kind in kube.watch_lists():
+        operator_metrics.WATCH_LISTS.labels(kind).set_function(
+            lambda kind=kind: kube.watch_lists().get(kind, 0)  # type: ignore[misc]
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.interval <= 0 or args.topic_check_interval <= 0 or args.leader_lease_duration < 1:
+    if (
+        args.interval <= 0
+        or args.topic_check_interval <= 0
+        or args.leader_lease_duration < 1
+        or args.pass_threads < 1
+        or args.status_counters_interval <= 0
+    ):
         print(
-            "dedup-operator: --interval, --topic-check-interval and --leader-lease-duration "
-            "must be positive",
+            "dedup-operator: --interval, --topic-check-interval, --leader-lease-duration, "
+            "--pass-threads and --status-counters-interval must be positive",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -209,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Nodes, node Leases, VolumeAttachments: watched, not listed per pass; each node
     # heartbeat noted as it happens
     kube.watch_cluster(on_heartbeat=handlers.RUNTIME.lease_watch.observe_heartbeat)
+    _export_client_counts(kube)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
     identity = None
@@ -223,8 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity,
             args.leader_lease_duration,
         )
+    handlers.RUNTIME.pass_threads = args.pass_threads
     handlers.RUNTIME.settings = ReconcileSettings(
-        interval_s=args.interval, topic_check_s=args.topic_check_interval
+        interval_s=args.interval,
+        topic_check_s=args.topic_check_interval,
+        counters_s=args.status_counters_interval,
     )
     shared_port = args.metrics_port and args.metrics_port == args.health_port
     if args.metrics_port and not shared_port:
@@ -238,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "namespaces": "*" if clusterwide else ",".join(namespaces),
             "identity": identity,
             "interval_s": args.interval,
+            "pass_threads": args.pass_threads,
             "metrics_port": args.metrics_port,
             "health_port": args.health_port,
         },

@@ -1,9 +1,12 @@
 """kopf handlers: thin; every one of them runs the same idempotent `reconcile` pass.
 
 - create / resume / update (spec): a pass at once;
-- a resync thread: a pass over every watched pipeline each `--interval` seconds
-  (failover is level-based: lost nodes, expired Leases and detached volumes are noticed
-  by looking). Not a kopf daemon or timer: those put a finalizer on every pipeline;
+- a pass scheduler (`pass_queue`): each pipeline's own next pass, every `--interval`
+  seconds or sooner when its pass asks (a handover's next step), on `--pass-threads`
+  threads, one pass at a time per pipeline (its memory's lock, kopf's passes included); a thread lists the pipelines each interval
+  and keeps the scheduler's set to them (failover is level-based: lost nodes, expired
+  Leases and detached volumes are noticed by looking). Not kopf daemons or timers: those
+  put a finalizer on every pipeline;
 - delete: for pipelines that keep their volumes (`storage.retainOnDelete`, the
   default), kopf's finalizer `dedup.io/retain-volumes`: the PVCs lose their owner
   reference before the garbage collector runs, so only they survive. A pipeline that
@@ -23,7 +26,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import kopf
 from kubernetes.client import ApiClient
@@ -35,6 +38,7 @@ from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
 from dedup_operator.memory import LeaseWatch, PipelineMemories
 from dedup_operator.pass_outcome import Outcome
+from dedup_operator.pass_queue import PassScheduler
 from dedup_operator.reconcile import OUR_FINALIZERS, reconcile, watch_leases
 from dedup_operator.settings import ReconcileSettings
 
@@ -53,6 +57,8 @@ class Runtime:
     stop: threading.Event = field(default_factory=threading.Event)
     memories: PipelineMemories = field(default_factory=PipelineMemories)
     lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
+    pass_threads: int = 4  # passes over different pipelines at once
+    scheduler: PassScheduler | None = None  # set by `configure`
 
 
 RUNTIME = Runtime()
@@ -112,37 +118,58 @@ def reconcile_one(kube: Kube, namespace: str, name: str) -> Outcome | None:
     return outcome
 
 
-FOLLOW_UP_S = 1.0  # the shortest wait between two rounds (a handover's next step)
+FOLLOW_UP_S = 1.0  # the shortest wait between two passes over one pipeline
+NEXT_PASS_GONE: Final = frozenset({"gone", "deleting", "finalized"})
+"""Outcomes after which a pipeline gets no next pass (listed again, it gets one)."""
 
 
-def resync_forever() -> None:
-    """A pass over every pipeline each interval, until RUNTIME.stop is set; sooner when
-    a pass acted or something it waits for is due before then (its Outcome's
-    `requeue_after`: the smallest of them), never more often than every FOLLOW_UP_S."""
+def next_pass_in(outcome: Outcome | None, interval_s: float, leading: bool) -> float | None:
+    """Seconds until a pipeline's next pass after `outcome` (None: no next pass): its
+    `requeue_after` when this replica leads (a handover's next step, something due),
+    never sooner than FOLLOW_UP_S nor later than the interval; the interval otherwise
+    (a standby watching, a pass that raised)."""
+    if outcome is None or not leading:
+        return interval_s
+    if outcome.result in NEXT_PASS_GONE:
+        return None
+    due = outcome.requeue_after
+    return interval_s if due is None else max(FOLLOW_UP_S, min(interval_s, due))
+
+
+def run_pass(key: tuple[str, str]) -> float | None:
+    """(A pass thread of the scheduler.) One pass over the pipeline; the seconds until
+    its next."""
+    namespace, name = key
+    interval = RUNTIME.settings.interval_s
+    try:
+        outcome = reconcile_one(_kube(), namespace, name)
+    except Exception as exc:  # one bad pass must not stop the others
+        log.exception("reconcile of %s/%s failed: %s", namespace, name, exc)
+        return interval
+    leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
+    return next_pass_in(outcome, interval, leading)
+
+
+def list_forever(scheduler: PassScheduler) -> None:
+    """Until RUNTIME.stop is set, list the pipelines every interval and keep the
+    scheduler's set to them: a new one gets a pass at once, a deleted one none (except
+    while our finalizers are on it: its taints and topic are cleaned up by passes). The
+    scheduler runs each pipeline's passes at its own due times (`pass_queue`)."""
     kube = _kube()
-    wait = RUNTIME.settings.interval_s
-    while not RUNTIME.stop.wait(wait):
-        wait = RUNTIME.settings.interval_s
+    while True:
         try:
             pipelines = kube.pipelines(RUNTIME.namespaces)
         except Exception as exc:
             log.error("cannot list pipelines: %s", exc)
-            continue
-        for body in pipelines:
-            meta = body["metadata"]
-            if meta.get("deletionTimestamp") and not (
-                set(meta.get("finalizers") or []) & OUR_FINALIZERS
-            ):
-                continue  # a deleted pipeline is finalized only for its taints and topic
-            try:
-                outcome = reconcile_one(kube, meta["namespace"], meta["name"])
-            except Exception as exc:  # one bad pass must not stop the loop
-                log.exception("reconcile of %s/%s failed: %s", meta["namespace"], meta["name"], exc)
-                continue
-            leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
-            due = outcome.requeue_after if outcome is not None and leading else None
-            if due is not None:
-                wait = max(FOLLOW_UP_S, min(wait, due))
+        else:
+            scheduler.keep_only(
+                (body["metadata"]["namespace"], body["metadata"]["name"])
+                for body in pipelines
+                if not body["metadata"].get("deletionTimestamp")
+                or set(body["metadata"].get("finalizers") or []) & OUR_FINALIZERS
+            )
+        if RUNTIME.stop.wait(RUNTIME.settings.interval_s):
+            return
 
 
 def connection_info(api: ApiClient, trust_env: bool = False) -> kopf.ConnectionInfo:
@@ -199,12 +226,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME.stop.clear()
     if RUNTIME.leader is not None:
         RUNTIME.leader.start()
-    threading.Thread(target=resync_forever, name="resync", daemon=True).start()
+    scheduler = PassScheduler(run_pass, RUNTIME.pass_threads)
+    RUNTIME.scheduler = scheduler
+    scheduler.start()
+    threading.Thread(target=list_forever, args=(scheduler,), name="resync", daemon=True).start()
 
 
 @kopf.on.cleanup()
 def stop_resync(**_: Any) -> None:
     RUNTIME.stop.set()
+    if RUNTIME.scheduler is not None:
+        RUNTIME.scheduler.stop()
     if RUNTIME.leader is not None:
         RUNTIME.leader.stop()
 
@@ -214,6 +246,11 @@ def stop_resync(**_: Any) -> None:
 @kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, field="spec")
 def on_change(name: str, namespace: str | None, **_: Any) -> None:
     assert namespace is not None  # DedupPipelines are namespaced
+    # A pass at once, in kopf's handler thread, not queued to the scheduler: kopf writes
+    # its bookkeeping annotations on the pipeline after the handler returns, and a pass
+    # running meanwhile would lose its status write to that (a Conflict), and tell its
+    # first-seen problems again on the next pass. One at a time per pipeline still: every
+    # pass holds the pipeline's memory lock.
     reconcile_one(_kube(), namespace, name)
 
 

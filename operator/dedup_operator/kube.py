@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -29,6 +30,9 @@ from dedup_operator.desired.scheduled_audit import (
     SPARK_OPERATOR_VERSION,
 )
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+
+CONFLICT_RETRIES = 12  # a node's mark written by this many passes at once, at least
+CONFLICT_BACKOFF_S = 0.02  # the n-th retry waits up to n times this (random)
 
 log = logging.getLogger("dedup_operator.kube")
 
@@ -100,6 +104,10 @@ class Kube:
             kind.start()
         for kind in self._watched.values():
             kind.wait_synced(wait_s)
+
+    def watch_lists(self) -> dict[str, int]:
+        """How many times each watched kind was listed (relists included)."""
+        return {kind: watched.lists for kind, watched in self._watched.items()}
 
     def stop_watching(self) -> None:
         for kind in self._watched.values():
@@ -483,12 +491,17 @@ class Kube:
         )
 
     def _retry_conflicts(self, attempt: Any) -> Any:
-        for _ in range(4):
+        """`attempt()` (a read, then a write conditional on what it read) again after a
+        409, up to CONFLICT_RETRIES times, each after a random wait that grows: the passes
+        of several pipelines marking one node at once (a crowded node lost) take turns
+        instead of colliding again at once (client-go's RetryOnConflict waits too)."""
+        for n in range(CONFLICT_RETRIES):
             try:
                 return attempt()
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+            time.sleep(random.uniform(0.0, CONFLICT_BACKOFF_S * (n + 1)))
         return attempt()
 
     def taint_out_of_service(self, node: str, owner: str) -> bool:

@@ -1,7 +1,7 @@
 """What one operator process remembers between reconcile passes (all of it re-derivable).
 
 - `PipelineMemory`: one pipeline's (its pass lock, when its objects were last ensured,
-  its cached topic check, what was told once). Owned by the caller of
+  its cached topic check, its workers' counters as last scraped, what was told once). Owned by the caller of
   `reconcile.reconcile` (the handlers' runtime keeps one per (namespace, name) in
   `PipelineMemories`) and passed in to every pass; `recalled` is the snapshot the
   decide step reads.
@@ -23,6 +23,7 @@ from typing import Any
 
 from dedup_contract.lease_clock import ContinuousView, LeaseClock
 from dedup_operator.observed import lease_view
+from dedup_operator.status import ScrapedCounters
 from dedup_operator.topics import TopicCheck
 
 # Without a watch, node heartbeats read more than this apart break the unbroken view:
@@ -54,12 +55,13 @@ class PipelineMemory:
     topic: TopicMemory | None = None
     audit_unreadable: str | None = None  # the last unreadable-summary message (said once)
     switch_ignored_told: bool = False  # the ignored switch annotation was told (once)
+    counters: ScrapedCounters | None = None  # the workers' counters, as last scraped
 
     def meet(self, uid: str) -> None:
         """The pipeline as a pass reads it: a new one of the same name (another uid)
         has its objects ensured and its topics checked afresh."""
         if self.uid != uid:
-            self.uid, self.ensured, self.topic = uid, None, None
+            self.uid, self.ensured, self.topic, self.counters = uid, None, None, None
             self.switch_ignored_told = False
 
     def recalled(self, monotonic: float) -> Recalled:

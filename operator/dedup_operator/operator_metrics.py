@@ -56,3 +56,14 @@ RECONCILIATION_MISSING = Gauge(
     "Valid input ids neither published nor dead-lettered, in the last audit",
     ("namespace", "pipeline"),
 )
+API_THROTTLED = Gauge(
+    "dedup_operator_api_throttled_requests",
+    "Requests the API server refused with 429 (priority and fairness) and the operator's "
+    "client sent again after their Retry-After, since it started",
+)
+WATCH_LISTS = Gauge(
+    "dedup_operator_watch_lists",
+    "Full lists of a watched kind since the operator started: 1 at start, one more per "
+    "relist (after a 410 Gone, or a watch broken off)",
+    ("kind",),
+)

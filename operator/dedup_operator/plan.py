@@ -100,6 +100,7 @@ from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
     Condition,
     PartitionStatus,
+    WorkerCounters,
     merge_conditions,
     phase_of,
     summary_conditions,
@@ -572,16 +573,6 @@ def _partition_status(
         last_handover=previous.get("lastHandover"),
         last_failover=previous.get("lastFailover"),
     )
-
-
-@dataclass(frozen=True)
-class WorkerCounters:
-    """One partition's counters from its worker's /metrics."""
-
-    duplicates: int
-    records_in: int
-    records_out: int
-    lag: int
 
 
 def pipeline_status(

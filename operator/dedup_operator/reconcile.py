@@ -7,8 +7,9 @@
   what must be persisted first, and every action of the pass in order;
 - act (`executor.execute`): the actions, the handover records (and nodes about to be
   tainted) into status *before* any partition's action;
-- report (`_report`): the workers' counters (their /metrics) into the status, its only
-  write, when the status changed.
+- report (`_report`): the workers' counters (their /metrics, scraped at most once per
+  `--status-counters-interval`, 60 s) into the status, its only write, when the status
+  changed.
 A plan that creates the internal topic stops there; the workers are then decided on
 the topic as made, by a second observe → decide → act in the same pass. A deleted
 pipeline with our finalizers is finalized the same way (`plan.plan_finalize`).
@@ -24,6 +25,7 @@ first (`NotLeader`), so a replica paused past its leadership does not carry on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -41,13 +43,13 @@ from dedup_operator.plan import (
     InvalidSpec,
     PipelineObservation,
     Plan,
-    WorkerCounters,
     pipeline_status,
     plan_finalize,
     plan_invalid,
     plan_pass,
 )
 from dedup_operator.settings import ReconcileSettings
+from dedup_operator.status import WorkerCounters, kept_counters
 
 log = logging.getLogger("dedup_operator.reconcile")
 
@@ -145,10 +147,16 @@ def _report(
     settings: ReconcileSettings,
     now: datetime,
 ) -> dict[str, Any]:
-    """The workers' counters (their /metrics) and the audit's last result into the
-    status, written only when it changed (an unchanged status: no write)."""
+    """The workers' counters (their /metrics, scraped at most every `counters_s`:
+    `status.kept_counters`) and the audit's last result into the status, written only
+    when it changed (an unchanged status: no write)."""
     spec = obs.spec
-    counters = _worker_counters(obs, plan, settings)
+    memory = acting.memory
+    ready = {p for p, e in plan.partitions.items() if e.ready and e.pod}
+    counters = kept_counters(memory.counters, ready, time.monotonic(), settings.counters_s)
+    if counters is None:
+        counters = _worker_counters(obs, plan, settings)
+        memory.counters = (time.monotonic(), counters)
     status = pipeline_status(
         obs, plan, counters, acting.tainted, plan.last_audit, plan.audit_condition, now
     )

@@ -11,3 +11,4 @@ class ReconcileSettings:
     topic_check_s: float = 30.0  # how often the input topic is re-checked
     ensure_s: float = 30.0  # how often per-pipeline objects are re-checked
     scrape_timeout_s: float = 1.0
+    counters_s: float = 60.0  # the workers' counters in the status: scraped this rarely

@@ -147,3 +147,29 @@ def summary_conditions(
         topic,
     ]
     return conditions
+
+
+@dataclass(frozen=True)
+class WorkerCounters:
+    """One partition's counters from its worker's /metrics."""
+
+    duplicates: int
+    records_in: int
+    records_out: int
+    lag: int
+
+
+ScrapedCounters = tuple[float, Mapping[int, WorkerCounters]]
+"""(monotonic time of the scrape, each scraped partition's counters)."""
+
+
+def kept_counters(
+    scraped: ScrapedCounters | None, ready: set[int], now: float, every_s: float
+) -> dict[int, WorkerCounters] | None:
+    """The workers' counters a pass writes into the status without scraping them: those
+    scraped less than `every_s` ago, of the partitions still Ready; None when a scrape
+    is due (none yet, or `every_s` passed). So a pipeline's status changes for its
+    counters at most once per `every_s`, and its workers are scraped as rarely."""
+    if scraped is None or now - scraped[0] >= every_s:
+        return None
+    return {p: c for p, c in scraped[1].items() if p in ready}

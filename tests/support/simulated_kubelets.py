@@ -98,6 +98,10 @@ class Kubelets:
             {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [cond]}},
         )
 
+    def cordon(self, node: str, unschedulable: bool = True) -> None:
+        """The scheduler places no new pod on `node` (or again, with False)."""
+        self.core.patch_node(node, {"spec": {"unschedulable": unschedulable}})
+
     def lose(self, node: str) -> None:
         """The node stops: no heartbeats, its pods stop renewing; reported NotReady."""
         with self._lock:
@@ -194,18 +198,20 @@ class Kubelets:
         self.delete_nodes()
 
 
-def pipeline(bootstrap: str, topic: str, label: str) -> dict[str, Any]:
+def pipeline(
+    bootstrap: str, topic: str, label: str, name: str = "events", partitions: int = 2
+) -> dict[str, Any]:
     return {
         "apiVersion": f"{names.GROUP}/{names.VERSION}",
         "kind": names.KIND,
-        "metadata": {"name": "events"},
+        "metadata": {"name": name},
         "spec": {
             "kafka": {
                 "bootstrapServers": bootstrap,
                 "inputTopic": topic,
                 "outputTopic": f"{topic}-o",
             },
-            "partitions": 2,
+            "partitions": partitions,
             "messageId": {"source": "key"},
             "window": {"maxKeys": 1000},
             "worker": {"nodeSelector": {label: "yes"}},
@@ -214,8 +220,8 @@ def pipeline(bootstrap: str, topic: str, label: str) -> dict[str, Any]:
     }
 
 
-def entry(api: client.ApiClient, ns: str, p: int) -> dict[str, Any]:
-    found = get_pipeline(api, ns, "events") or {}
+def entry(api: client.ApiClient, ns: str, p: int, name: str = "events") -> dict[str, Any]:
+    found = get_pipeline(api, ns, name) or {}
     for e in (found.get("status") or {}).get("partitions") or []:
         if e["partition"] == p:
             return dict(e)

@@ -3,13 +3,17 @@ from, and the request rate every client it builds keeps."""
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import urllib3
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 from kubernetes.config import ConfigException
 
@@ -112,3 +116,101 @@ def test_every_request_takes_a_token_first(tmp_path: Path, monkeypatch: pytest.M
         assert core.list_namespace().items == []
     assert sent == ["GET https://10.0.0.1:6443/api/v1/namespaces"] * 4
     assert clock.slept == pytest.approx([0.1, 0.1])  # the two past the burst waited
+
+
+class Throttling(http.server.BaseHTTPRequestHandler):
+    """A local HTTP server standing in for an API server under API Priority and
+    Fairness (named as such): the first `refusals` requests get `status` (429) with the
+    given Retry-After."""
+
+    refusals = 0
+    status = 429
+    retry_after: str | None = "1"
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        if type(self).refusals > 0:
+            type(self).refusals -= 1
+            body = (
+                b'{"kind": "Status", "apiVersion": "v1", "code": 429, "reason": "TooManyRequests"}'
+            )
+            self.send_response(self.status)
+            if self.retry_after is not None:
+                self.send_header("Retry-After", self.retry_after)
+        else:
+            body = b'{"kind": "NamespaceList", "apiVersion": "v1", "items": []}'
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def throttling(tmp_path: Path) -> Iterator[tuple[RateLimitedApiClient, list[float]]]:
+    Throttling.seen, Throttling.status = [], 429
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        api = api_client(kubeconfig(tmp_path, f"http://{host}:{port}", "t"))
+        assert isinstance(api, RateLimitedApiClient)
+        slept: list[float] = []
+        api._sleep = slept.append
+        yield api, slept
+    finally:
+        server.shutdown()
+
+
+def test_a_429_is_sent_again_after_its_retry_after(
+    throttling: tuple[RateLimitedApiClient, list[float]],
+) -> None:
+    api, slept = throttling
+    Throttling.refusals, Throttling.retry_after = 2, "1"
+    assert client.CoreV1Api(api).list_namespace().items == []
+    assert Throttling.seen == ["/api/v1/namespaces"] * 3
+    assert slept == [1.0, 1.0] and api.throttled == 2
+
+
+def test_a_429_without_retry_after_backs_off_doubling(
+    throttling: tuple[RateLimitedApiClient, list[float]],
+) -> None:
+    api, slept = throttling
+    Throttling.refusals, Throttling.retry_after = 3, None
+    assert client.CoreV1Api(api).list_namespace().items == []
+    assert slept == [0.5, 1.0, 2.0]
+
+
+def test_throttled_past_the_retries_the_429_is_raised(
+    throttling: tuple[RateLimitedApiClient, list[float]],
+) -> None:
+    api, _ = throttling
+    Throttling.refusals, Throttling.retry_after = 100, "0"
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(api).list_namespace()
+    assert refused.value.status == 429
+    assert len(Throttling.seen) == kube_client.MAX_THROTTLED_RETRIES + 1
+
+
+def test_other_errors_are_not_retried(
+    throttling: tuple[RateLimitedApiClient, list[float]],
+) -> None:
+    api, slept = throttling
+    Throttling.refusals, Throttling.retry_after, Throttling.status = 5, "1", 503
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(api).list_namespace()
+    assert refused.value.status == 503
+    assert len(Throttling.seen) == 1 and slept == [] and api.throttled == 0
+
+
+def test_the_throttled_wait_takes_retry_after_capped_else_doubles() -> None:
+    wait = kube_client.throttled_wait
+    assert wait(0, "3") == 3.0 and wait(5, "0") == 0.0
+    assert wait(0, "3600") == kube_client.MAX_RETRY_AFTER_S
+    assert [wait(n, None) for n in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert wait(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 1.0  # a date: the backoff

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dedup_operator.status import Condition, PartitionStatus, merge_conditions, phase_of
+from dedup_operator.status import (
+    Condition,
+    PartitionStatus,
+    WorkerCounters,
+    kept_counters,
+    merge_conditions,
+    phase_of,
+)
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 T1 = datetime(2026, 11, 22, 12, 5, tzinfo=UTC)
@@ -57,3 +64,12 @@ def test_failing_over_condition_says_how_the_volume_is_released() -> None:
     )
     failing = next(c for c in conditions if c.type == "FailingOver")
     assert failing.status and failing.message == f"p0 (NodeLost): {why}"
+
+
+def test_counters_are_scraped_at_most_once_per_interval() -> None:
+    c = WorkerCounters(duplicates=1, records_in=10, records_out=9, lag=0)
+    assert kept_counters(None, {0}, 100.0, 60.0) is None  # never scraped: due
+    scraped = (100.0, {0: c, 1: c})
+    assert kept_counters(scraped, {0, 1}, 159.9, 60.0) == {0: c, 1: c}  # kept: no write
+    assert kept_counters(scraped, {1}, 130.0, 60.0) == {1: c}  # of the Ready ones only
+    assert kept_counters(scraped, {0, 1}, 160.0, 60.0) is None  # due again

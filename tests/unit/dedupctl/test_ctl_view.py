@@ -466,3 +466,15 @@ def test_the_misrouted_share_is_the_workers_forwarded_input_over_their_input() -
     assert ctl_view.pipeline_doc(body, {0: a}, {})["misroutedShare"] is None, "one not scraped"
     text = ctl_view.render_status(ctl_view.status_doc([p]), NOW)
     assert "MISROUTED" in text.splitlines()[0] and "10.0%" in text.splitlines()[1]
+
+
+def test_pipeline_totals_are_the_workers_own_when_every_worker_answered() -> None:
+    # the status's totals are refreshed at most once per --status-counters-interval
+    # (60 s): with every worker's sample, the totals are theirs, live
+    both = {
+        0: ctl_view.parse_worker_metrics(METRICS, at=1.0),
+        1: WorkerSample(1.0, 100, 90, 10, 0, 3),
+    }
+    p = ctl_view.pipeline_doc(pipeline(), both, {0: 12.5, 1: 1.0})
+    assert (p["recordsIn"], p["recordsOut"]) == (1200 + 100, 1100 + 90)
+    assert (p["duplicatesDropped"], p["consumerLag"]) == (96 + 10, 7 + 3)

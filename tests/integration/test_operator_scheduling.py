@@ -1,0 +1,215 @@
+"""Passes per pipeline (`dedup_operator.pass_queue`), against the real control plane with
+the kubelets' and workers' side simulated (`support.simulated_kubelets`, named as such):
+
+- a pipeline in a handover (its passes every second) does not make a quiet pipeline's
+  passes more frequent: the quiet one's pass count, from the operator's per-pipeline
+  metric, stays at its interval;
+- a node carrying a partition of each of 5 pipelines dies: the 5 handovers are decided
+  within 2 x the follow-up plus one pass of each other, and the node carries all 5
+  marks under one taint;
+- two pipelines marking one node at once lose no mark (a compare-and-set on the node).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from dedup_contract import names
+from dedup_local.kafka import KafkaBroker
+from dedup_local.pod_health import log_problems
+from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_operator.handlers import FOLLOW_UP_S
+from dedup_operator.kube import Kube
+from support.kafka_fixtures import NewTopic
+from support.kube_fixtures import KubeNamespace
+from support.operator_helpers import get_pipeline, running_operator, wait_for
+from support.simulated_kubelets import Kubelets, entry, pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
+
+INTERVAL_S = 4.0
+
+
+def passes(metrics: str, namespace: str, name: str) -> int:
+    """The operator's passes over one pipeline, every result summed."""
+    labels = f'namespace="{re.escape(namespace)}",pipeline="{re.escape(name)}"'
+    pattern = re.compile(
+        rf'^dedup_operator_reconciles_total\{{{labels},result="[^"]+"\}} (\S+)$', re.MULTILINE
+    )
+    return int(sum(float(v) for v in pattern.findall(metrics)))
+
+
+def create(api: client.ApiClient, namespace: str, body: dict[str, object]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        names.GROUP, names.VERSION, namespace, names.PLURAL, body
+    )
+
+
+def ready(api: client.ApiClient, namespace: str, name: str, partitions: int) -> bool:
+    found = get_pipeline(api, namespace, name) or {}
+    return (found.get("status") or {}).get("readyPartitions") == partitions
+
+
+@pytest.fixture
+def suffix(kube_namespace: KubeNamespace) -> str:
+    return kube_namespace.name[-6:]
+
+
+@pytest.fixture
+def busy_nodes(kube_namespace: KubeNamespace, suffix: str) -> Iterator[Kubelets]:
+    with Kubelets(
+        kube_namespace.api_client,
+        kube_namespace.name,
+        [f"sb-a-{suffix}", f"sb-b-{suffix}"],
+        f"dedup.io/sched-busy-{suffix}",
+    ) as k:
+        yield k
+
+
+@pytest.fixture
+def quiet_nodes(kube_namespace: KubeNamespace, suffix: str) -> Iterator[Kubelets]:
+    with Kubelets(
+        kube_namespace.api_client,
+        kube_namespace.name,
+        [f"sq-a-{suffix}"],
+        f"dedup.io/sched-quiet-{suffix}",
+    ) as k:
+        yield k
+
+
+def test_a_quiet_pipeline_keeps_its_interval_while_another_hands_over(
+    kube_namespace: KubeNamespace,
+    busy_nodes: Kubelets,
+    quiet_nodes: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    busy_nodes.create_volumes("busy", 2)
+    quiet_nodes.create_volumes("quiet", 1)
+    with running_operator(
+        kube_namespace.kubeconfig_path, ns, tmp_path / "operator.log", interval=INTERVAL_S
+    ) as op:
+        create(api, ns, pipeline(kafka.bootstrap, topic, busy_nodes.label, "busy", 2))
+        create(api, ns, pipeline(kafka.bootstrap, topic, quiet_nodes.label, "quiet", 1))
+        wait_for(lambda: ready(api, ns, "busy", 2), 90, "busy Ready")
+        wait_for(lambda: ready(api, ns, "quiet", 1), 90, "quiet Ready")
+        time.sleep(INTERVAL_S)  # past the start's passes (create, Ready)
+
+        lost = entry(api, ns, 0, "busy")["node"]
+        before, t0 = passes(op.metrics(), ns, "quiet"), time.monotonic()
+        busy_before = passes(op.metrics(), ns, "busy")
+        busy_nodes.lose(lost)
+
+        def moved() -> bool:
+            e = entry(api, ns, 0, "busy")
+            return bool(e.get("ready") and e.get("node") != lost and not e.get("handover"))
+
+        wait_for(moved, 120, "busy's partition 0 on its other node", every=0.5)
+        elapsed = time.monotonic() - t0
+        metrics = op.metrics()
+        quiet, busy = (
+            passes(metrics, ns, "quiet") - before,
+            passes(metrics, ns, "busy") - busy_before,
+        )
+        print(f"over {elapsed:.1f}s: busy {busy} passes, quiet {quiet} (interval {INTERVAL_S}s)")
+        assert elapsed > 2 * INTERVAL_S  # long enough to tell the two rates apart
+        assert busy > elapsed / INTERVAL_S + 2, "the handover passed at its own pace"
+        assert quiet <= elapsed / INTERVAL_S + 2, (quiet, elapsed)
+        assert not busy_nodes.errors and not quiet_nodes.errors
+    assert log_problems((tmp_path / "operator.log").read_text()) == []
+
+
+def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
+    kube_namespace: KubeNamespace,
+    busy_nodes: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    topic = new_topic(partitions=1)
+    kafka.create_topic(f"{topic}-o", 1, {"retention.ms": "-1"})
+    crowded, spare = busy_nodes.nodes
+    busy_nodes.cordon(spare)  # every first worker on the crowded node
+    pipelines = [f"p{i}" for i in range(5)]
+    for name in pipelines:
+        busy_nodes.create_volumes(name, 1)
+    with running_operator(
+        kube_namespace.kubeconfig_path, ns, tmp_path / "operator.log", interval=INTERVAL_S
+    ):
+        for name in pipelines:
+            create(api, ns, pipeline(kafka.bootstrap, topic, busy_nodes.label, name, 1))
+        for name in pipelines:
+            wait_for(lambda name=name: ready(api, ns, name, 1), 90, f"{name} Ready")
+            assert entry(api, ns, 0, name)["node"] == crowded
+        busy_nodes.cordon(spare, False)
+        busy_nodes.lose(crowded)
+
+        def moved(name: str) -> dict[str, object] | None:
+            e = entry(api, ns, 0, name)
+            done = e.get("ready") and e.get("node") == spare and not e.get("handover")
+            return e if done else None
+
+        handovers = [
+            wait_for(lambda name=name: moved(name), 120, f"{name} on the spare node")
+            for name in pipelines
+        ]
+        # 5 passes marked the lost node at once (compare-and-set on its resourceVersion):
+        # no mark lost, one taint
+        node = client.CoreV1Api(api).read_node(crowded)
+        marks = (node.metadata.annotations or {}).get(names.ANNOTATION_TAINT_BY, "")
+        assert sorted(marks.split(",")) == [f"{ns}/{name}" for name in pipelines]
+        assert [t.key for t in node.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
+    decided = sorted(
+        datetime.fromisoformat(str(h["lastHandover"]["started"]).replace("Z", "+00:00"))  # type: ignore[index]
+        for h in handovers
+    )
+    spread = (decided[-1] - decided[0]).total_seconds()
+    print(f"the 5 handovers were decided within {spread:.2f}s of each other")
+    assert spread <= 2 * FOLLOW_UP_S + 1.0, decided  # one pass: well under a second here
+    assert not busy_nodes.errors
+    assert log_problems((tmp_path / "operator.log").read_text()) == []
+
+
+def test_two_pipelines_marking_one_node_at_once_lose_no_mark(
+    kube_namespace: KubeNamespace, busy_nodes: Kubelets
+) -> None:
+    """The node's out-of-service mark is shared by the pipelines relying on it; passes of
+    two pipelines now run at once, and each write is a compare-and-set on the node's
+    resourceVersion (retried on 409): two threads marking and unmarking one node, each
+    for its own pipelines, end with exactly the marks still wanted."""
+    kube = Kube(kube_namespace.api_client)
+    node = busy_nodes.nodes[0]
+    failures: list[BaseException] = []
+
+    def mark(team: str) -> None:
+        try:
+            for i in range(6):
+                assert kube.taint_out_of_service(node, f"{team}/p{i}")
+            for i in range(0, 6, 2):
+                kube.release_out_of_service(node, f"{team}/p{i}")
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=mark, args=(team,)) for team in ("one", "two")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    found = client.CoreV1Api(kube_namespace.api_client).read_node(node)
+    marks = (found.metadata.annotations or {}).get(names.ANNOTATION_TAINT_BY, "")
+    assert sorted(marks.split(",")) == [f"{t}/p{i}" for t in ("one", "two") for i in (1, 3, 5)]
+    assert [t.key for t in found.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
