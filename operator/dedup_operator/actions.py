@@ -129,6 +129,13 @@ class RememberSwitchIgnoredTold:
     """The ignored switch annotation was told (once per pipeline)."""
 
 
+@dataclass(frozen=True)
+class RememberTopicTold:
+    """TopicReady failing for `reason` was told as an ERROR (None: it is ready again)."""
+
+    reason: str | None
+
+
 # ----------------------------------------------------------- the topics
 @dataclass(frozen=True)
 class TopicQuery:
@@ -273,7 +280,8 @@ PassAction = (
     Tell | Note | EnsureObject | ReplaceRoleRules | ReplaceDisruptionBudget
     | ApplyAuditSchedule | DeleteAuditObject | RememberObjectsEnsured | CreateVolumeClaim
     | ResizeVolumeClaim | AdoptAuditResult | CountAuditResult | RememberAuditUnreadable
-    | RememberSwitchIgnoredTold | RememberTopicCheck | CreateOwnedTopic | DeleteOwnedTopic
+    | RememberSwitchIgnoredTold | RememberTopicTold | RememberTopicCheck | CreateOwnedTopic
+    | DeleteOwnedTopic
     | SetFinalizer | ReleaseTaintFinalizer | WriteHandoverRecord | CreateWorker | DeleteWorkers
     | FenceWorkerLease | CountHandoverBegun | CountHandoverCompleted | MarkOutOfService
     | LiftOutOfService

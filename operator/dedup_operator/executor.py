@@ -45,6 +45,7 @@ from dedup_operator.actions import (
     RememberObjectsEnsured,
     RememberSwitchIgnoredTold,
     RememberTopicCheck,
+    RememberTopicTold,
     ReplaceDisruptionBudget,
     ReplaceRoleRules,
     ResizeVolumeClaim,
@@ -165,6 +166,10 @@ def _remember_switch_ignored_told(action: RememberSwitchIgnoredTold, acting: Act
     acting.memory.switch_ignored_told = True
 
 
+def _remember_topic_told(action: RememberTopicTold, acting: Acting) -> None:
+    acting.memory.topic_told = action.reason
+
+
 # ---------------------------------------------------------------- the topics
 def _remember_topic_check(action: RememberTopicCheck, acting: Acting) -> None:
     acting.memory.topic = (action.memory_key, time.monotonic(), action.check)
@@ -280,6 +285,7 @@ APPLIERS: dict[type[Any], Callable[[Any, Acting], None]] = {
     CountAuditResult: _count_audit_result,
     RememberAuditUnreadable: _remember_audit_unreadable,
     RememberSwitchIgnoredTold: _remember_switch_ignored_told,
+    RememberTopicTold: _remember_topic_told,
     RememberTopicCheck: _remember_topic_check,
     CreateOwnedTopic: _create_owned_topic,
     DeleteOwnedTopic: _delete_owned_topic,

@@ -43,6 +43,7 @@ class Recalled:
     ensured: tuple[int, float] | None = None
     audit_unreadable: str | None = None  # the unreadable-summary message already told
     switch_ignored_told: bool = False  # the ignored switch annotation was told
+    topic_told: str | None = None  # the failing TopicReady reason told as an ERROR
 
 
 @dataclass
@@ -55,6 +56,9 @@ class PipelineMemory:
     topic: TopicMemory | None = None
     audit_unreadable: str | None = None  # the last unreadable-summary message (said once)
     switch_ignored_told: bool = False  # the ignored switch annotation was told (once)
+    # the failing TopicReady reason told as an ERROR line (once per reason, even when the
+    # status that records it was not written: a pass abandoned on a Conflict)
+    topic_told: str | None = None
     counters: ScrapedCounters | None = None  # the workers' counters, as last scraped
 
     def meet(self, uid: str) -> None:
@@ -62,6 +66,7 @@ class PipelineMemory:
         has its objects ensured and its topics checked afresh."""
         if self.uid != uid:
             self.uid, self.ensured, self.topic, self.counters = uid, None, None, None
+            self.topic_told = None
             self.switch_ignored_told = False
 
     def recalled(self, monotonic: float) -> Recalled:
@@ -70,6 +75,7 @@ class PipelineMemory:
             ensured=None if ensured is None else (ensured[0], monotonic - ensured[1]),
             audit_unreadable=self.audit_unreadable,
             switch_ignored_told=self.switch_ignored_told,
+            topic_told=self.topic_told,
         )
 
 

@@ -58,6 +58,7 @@ from dedup_operator.actions import (
     RememberObjectsEnsured,
     RememberSwitchIgnoredTold,
     RememberTopicCheck,
+    RememberTopicTold,
     ReplaceDisruptionBudget,
     ReplaceRoleRules,
     ResizeVolumeClaim,
@@ -851,12 +852,15 @@ def _told_first(obs: PipelineObservation) -> tuple[PassAction, ...]:
 
 def _topic_told(obs: PipelineObservation) -> tuple[PassAction, ...]:
     """TopicReady failing, when it starts or its reason changes: no promise can be kept
-    until it is fixed, an ERROR line."""
-    topic = obs.topic
+    until it is fixed, an ERROR line. Once per reason: the status records it, and so
+    does the memory (a pass abandoned on a Conflict does not write the status)."""
+    topic, told = obs.topic, obs.recalled.topic_told
+    if topic.ok:
+        return () if told is None else (RememberTopicTold(None),)
     conditions = obs.previous.get("conditions") or []
     was = next((c for c in conditions if c.get("type") == "TopicReady"), None)
-    if not topic.ok and (was is None or was.get("reason") != topic.reason):
-        return (Tell(events.topic_failing(topic), error=True),)
+    if (was is None or was.get("reason") != topic.reason) and told != topic.reason:
+        return (Tell(events.topic_failing(topic), error=True), RememberTopicTold(topic.reason))
     return ()
 
 

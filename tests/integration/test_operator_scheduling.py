@@ -7,7 +7,8 @@ the kubelets' and workers' side simulated (`support.simulated_kubelets`, named a
 - a node carrying a partition of each of 5 pipelines dies: the 5 handovers are decided
   within 2 x the follow-up plus one pass of each other, and the node carries all 5
   marks under one taint;
-- two pipelines marking one node at once lose no mark (a compare-and-set on the node).
+- two pipelines marking one node at once lose no mark (a compare-and-set on the node);
+- the operator restarted under 200 partitions (the CRD's timings) starts no handover.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dedup_operator.handlers import FOLLOW_UP_S
 from dedup_operator.kube import Kube
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeNamespace
-from support.operator_helpers import get_pipeline, running_operator, wait_for
+from support.operator_helpers import events, get_pipeline, running_operator, wait_for
 from support.simulated_kubelets import Kubelets, entry, pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
@@ -213,3 +214,72 @@ def test_two_pipelines_marking_one_node_at_once_lose_no_mark(
     marks = (found.metadata.annotations or {}).get(names.ANNOTATION_TAINT_BY, "")
     assert sorted(marks.split(",")) == [f"{t}/p{i}" for t in ("one", "two") for i in (1, 3, 5)]
     assert [t.key for t in found.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
+
+
+RESTART_PIPELINES, RESTART_PARTITIONS, RESTART_NODES = 20, 10, 10
+LEASE_PROD_S, NODE_LOST_PROD_S = 15, 20  # the CRD's defaults
+
+
+def test_an_operator_restarted_under_200_partitions_starts_no_handover(
+    kube_namespace: KubeNamespace, kafka: KafkaBroker, new_topic: NewTopic, tmp_path: Path
+) -> None:
+    """200 simulated partitions (20 pipelines of 10 on 10 nodes), the CRD's failover
+    timings. The operator is SIGKILLed and started again: it starts empty (every Lease
+    fresh at first sight) and passes over 20 pipelines on its threads at once; over
+    more than nodeLostAfter plus a Lease duration, it starts no handover, and every
+    worker keeps its pod and epoch."""
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    suffix = ns[-6:]
+    topic = new_topic(partitions=RESTART_PARTITIONS)
+    kafka.create_topic(f"{topic}-o", RESTART_PARTITIONS, {"retention.ms": "-1"})
+    pipelines = [f"r{i:02d}" for i in range(RESTART_PIPELINES)]
+    nodes = [f"sr-{n}-{suffix}" for n in range(RESTART_NODES)]
+    with Kubelets(api, ns, nodes, f"dedup.io/sched-restart-{suffix}", cpus=32) as kubelets:
+        for name in pipelines:
+            kubelets.create_volumes(name, RESTART_PARTITIONS)
+        log = tmp_path / "operator.log"
+        first = running_operator(kube_namespace.kubeconfig_path, ns, log, interval=5.0)
+        op = first.__enter__()
+        try:
+            for name in pipelines:
+                body = pipeline(
+                    kafka.bootstrap,
+                    topic,
+                    kubelets.label,
+                    name,
+                    RESTART_PARTITIONS,
+                    lease_s=LEASE_PROD_S,
+                    node_lost_s=NODE_LOST_PROD_S,
+                )
+                create(api, ns, body)
+            for name in pipelines:
+                wait_for(lambda name=name: ready(api, ns, name, RESTART_PARTITIONS), 300, name)
+            before = {
+                name: [
+                    (e["pod"], e["epoch"])
+                    for e in (get_pipeline(api, ns, name) or {})["status"]["partitions"]
+                ]
+                for name in pipelines
+            }
+            op.kill()
+        finally:
+            first.__exit__(None, None, None)
+        with running_operator(kube_namespace.kubeconfig_path, ns, log, interval=5.0):
+            time.sleep(NODE_LOST_PROD_S + LEASE_PROD_S + 10)
+            after = {
+                name: [
+                    (e["pod"], e["epoch"])
+                    for e in (get_pipeline(api, ns, name) or {})["status"]["partitions"]
+                ]
+                for name in pipelines
+            }
+        started = [
+            (name, reason)
+            for name in pipelines
+            for _, reason, _ in events(api, ns, name)
+            if reason in ("FailoverStarted", "WorkerFenced", "WorkerDeleted")
+        ]
+        assert started == []
+        assert after == before
+        assert not kubelets.errors, kubelets.errors[:5]
+    assert log_problems(log.read_text()) == []

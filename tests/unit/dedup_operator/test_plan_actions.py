@@ -27,6 +27,7 @@ from dedup_operator.actions import (
     PassAction,
     RememberAuditUnreadable,
     RememberObjectsEnsured,
+    RememberTopicTold,
     ResizeVolumeClaim,
     SetFinalizer,
     Tell,
@@ -161,6 +162,20 @@ def test_topic_ready_failing_is_told_as_an_error_when_its_reason_changes() -> No
         observation(claims=CLAIMS, recalled=ENSURED, topic=missing, previous=said), NOW
     )
     assert not any(isinstance(a, Tell) and a.error for a in again.actions)
+
+
+def test_topic_ready_failing_is_told_once_even_when_the_status_was_not_written() -> None:
+    # the telling pass was abandoned on a Conflict: its status (TopicMissing) was not
+    # written, the memory says it was told
+    missing = TopicCheck(False, "TopicMissing", "input topic events not found")
+    plan = plan_pass(observation(claims=CLAIMS, recalled=ENSURED, topic=missing), NOW)
+    assert RememberTopicTold("TopicMissing") in plan.actions
+    told_before = replace(ENSURED, topic_told="TopicMissing")
+    again = plan_pass(observation(claims=CLAIMS, recalled=told_before, topic=missing), NOW)
+    assert not any(isinstance(a, Tell) and a.error for a in again.actions)
+    # ready again: the memory forgets, so the next failure is told
+    ready = plan_pass(observation(claims=CLAIMS, recalled=told_before), NOW)
+    assert RememberTopicTold(None) in ready.actions
 
 
 def test_a_lost_node_is_recorded_before_the_handover_is_told_and_counted() -> None:
