@@ -17,13 +17,13 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from dedup_contract import names
+from dedup_contract.timefmt import parse_time
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
@@ -174,7 +174,7 @@ def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
         assert sorted(marks.split(",")) == [f"{ns}/{name}" for name in pipelines]
         assert [t.key for t in node.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
     decided = sorted(
-        datetime.fromisoformat(str(h["lastHandover"]["started"]).replace("Z", "+00:00"))  # type: ignore[index]
+        parse_time(h["lastHandover"]["started"])  # type: ignore[index]
         for h in handovers
     )
     spread = (decided[-1] - decided[0]).total_seconds()

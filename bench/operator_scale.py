@@ -1,0 +1,448 @@
+"""The operator at scale on the bare control plane, with simulated kubelets and workers.
+
+    python bench/operator_scale.py [--pipelines 100] [--partitions 10] [--nodes 50]
+                                   [--steady-s 300] [--no-baseline] [--record]
+
+One invocation, on a real control plane (etcd, kube-apiserver, every controller) and a
+real Kafka broker (the topic checks), with `dedup_local.kubelet_simulation.Kubelets`
+playing the kubelets and the workers (named as a simulation: nodes heartbeat, worker
+pods are reported Running and Ready, each worker renews its Lease by the worker's rule;
+no /metrics is served, so the status counters stay empty):
+
+1. **Baseline**: a plain script creates what the operator creates for the same
+   partitions (a PVC, a Lease and a pod each; a Service and a PodDisruptionBudget per
+   pipeline) directly, through a client with the operator's request limit (20/s, bursts
+   of 30), and the time until every pod is Ready is taken.
+2. **Apply -> all Ready**: the operator (production timings: `--interval 5`, the CRD's
+   failover defaults) runs as a service account; every pipeline is created at once, and
+   the time until each reports all its partitions Ready is taken.
+3. **Steady state** over `--steady-s`: the operator's CPU (a share of one core) and RSS,
+   API requests per second by verb counted from the API server's audit log by the
+   operator's user (not by its own counters), list calls, status writes per second, the
+   host's CPU, and how long the simulation's renewal rounds took (a saturated run).
+4. **A crowded node dies**: the node carrying the most pipelines' partitions stops
+   (no heartbeats, its workers stop renewing); kill -> every replacement's first Lease
+   renewal at its new epoch, min/median/max.
+
+Targets (issue 30): apply -> Ready within 1.5x the baseline; steady: no list calls from
+a pass, CPU <= 5% of a core, RSS <= 256 MiB at 1,000 partitions; crowded node: every
+replacement renewing <= 30 s after the kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import results as bench_results
+import yaml
+from kubernetes import client
+
+from dedup_contract import kube_client, names
+from dedup_contract.timefmt import parse_time
+from dedup_local.control_plane import ControlPlane
+from dedup_local.kafka import KafkaBroker
+from dedup_local.kubelet_simulation import Kubelets
+from dedup_local.operator_process import running_operator
+from dedup_local.paths import REPO_ROOT
+
+NAMESPACE, BASELINE_NAMESPACE = "scale", "scale-baseline"
+OPERATOR_SA = "dedup-operator"
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
+TARGET_APPLY_RATIO, TARGET_CPU, TARGET_RSS_MIB, TARGET_CROWDED_S = 1.5, 0.05, 256, 30.0
+
+
+def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
+    """Seconds until `probe()` is true; raises on timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if probe():
+            return time.monotonic() - t0
+        time.sleep(every)
+    raise SystemExit(f"bench: timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def operator_kubeconfig(cp: ControlPlane, api: client.ApiClient, path: Path) -> Path:
+    """A kubeconfig of the service account OPERATOR_SA (bound to cluster-admin: the bench
+    measures load, the chart's RBAC is tested elsewhere), so the audit log has its user."""
+    core: Any = client.CoreV1Api(api)
+    core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": OPERATOR_SA}})
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": f"bench-{OPERATOR_SA}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}],
+        }
+    )
+    token = core.create_namespaced_service_account_token(
+        OPERATOR_SA, NAMESPACE, {"spec": {"expirationSeconds": 86400}}
+    ).status.token
+    config = yaml.safe_load(cp.kubeconfig_path.read_text())
+    config["users"] = [{"name": OPERATOR_SA, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = OPERATOR_SA
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def pipeline_body(name: str, partitions: int, bootstrap: str, topic: str, label: str) -> Any:
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "kafka": {
+                "bootstrapServers": bootstrap,
+                "inputTopic": topic,
+                "outputTopic": f"{topic}-o",
+            },
+            "partitions": partitions,
+            "messageId": {"source": "key"},
+            "window": {"maxKeys": 1000},
+            "worker": {"nodeSelector": {label: "yes"}},
+        },
+    }
+
+
+def baseline(
+    api_admin: client.ApiClient,
+    kubeconfig: Path,
+    pipelines: list[str],
+    partitions: int,
+    kubelets: Kubelets,
+) -> float:
+    """What the operator creates, created directly at the operator's request rate; seconds
+    until every pod is Ready."""
+    api = kube_client.api_client(kubeconfig)  # QPS 20, burst 30: the operator's limits
+    core: Any = client.CoreV1Api(api)
+    coordination: Any = client.CoordinationV1Api(api)
+    policy: Any = client.PolicyV1Api(api)
+    ns = BASELINE_NAMESPACE
+    t0 = time.monotonic()
+    for name in pipelines:
+        selector = {names.LABEL_PIPELINE: name, names.LABEL_COMPONENT: names.COMPONENT_WORKER}
+        core.create_namespaced_service(
+            ns,
+            {
+                "metadata": {"name": f"{name}-workers"},
+                "spec": {"clusterIP": "None", "selector": selector, "ports": [{"port": 9400}]},
+            },
+        )
+        policy.create_namespaced_pod_disruption_budget(
+            ns,
+            {
+                "metadata": {"name": f"{name}-workers"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            },
+        )
+        for p in range(partitions):
+            claim = names.volume_claim(name, p)
+            core.create_namespaced_persistent_volume_claim(
+                ns,
+                {
+                    "metadata": {"name": claim, "labels": {names.LABEL_PIPELINE: name}},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "storageClassName": "",
+                        "resources": {"requests": {"storage": "10Gi"}},
+                    },
+                },
+            )
+            coordination.create_namespaced_lease(
+                ns,
+                {
+                    "metadata": {
+                        "name": names.lease(name, p),
+                        "labels": {names.LABEL_PIPELINE: name},
+                    },
+                    "spec": {"leaseDurationSeconds": 15, "leaseTransitions": 0},
+                },
+            )
+            labels = {**selector, names.LABEL_PARTITION: str(p), names.LABEL_EPOCH: "1"}
+            core.create_namespaced_pod(ns, {
+                "metadata": {"name": f"{name}-p{p}-e1", "labels": labels},
+                "spec": {
+                    "nodeSelector": {kubelets.label: "yes"},
+                    "containers": [{"name": "worker", "image": "dedup-operator:bench", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}],
+                    "volumes": [{"name": "store", "persistentVolumeClaim": {"claimName": claim}}],
+                },
+            })  # fmt: skip
+    total = len(pipelines) * partitions
+    admin: Any = client.CoreV1Api(api_admin)
+
+    def all_ready() -> bool:
+        pods = admin.list_namespaced_pod(ns).items
+        return sum(1 for p in pods if p.status.phase == "Running") == total
+
+    wait_until(all_ready, 1800, "the baseline's pods Running")
+    return time.monotonic() - t0
+
+
+def ready_pipelines(api: client.ApiClient, partitions: int) -> int:
+    found: Any = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        names.GROUP, names.VERSION, NAMESPACE, names.PLURAL
+    )
+    return sum(
+        1 for p in found["items"] if (p.get("status") or {}).get("readyPartitions") == partitions
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime (ticks of 10 ms)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def host_busy() -> tuple[float, float]:
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, float(sum(values))
+
+
+def audit_in(cp: ControlPlane, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    out = []
+    for event in cp.audit_events(OPERATOR_USER):
+        at = parse_time(event.get("stageTimestamp"))
+        if at is not None and since <= at <= until:
+            out.append(event)
+    return out
+
+
+def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> dict[str, Any]:
+    rounds_before = len(kubelets.step_seconds)
+    cpu0, busy0, start = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
+    t0 = time.monotonic()
+    peak = 0.0
+    while time.monotonic() - t0 < seconds:
+        peak = max(peak, rss_mib(pid))
+        time.sleep(5)
+    elapsed = time.monotonic() - t0
+    cpu1, busy1, end = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
+    events = audit_in(cp, start, end)
+    verbs = Counter(str(e.get("verb")) for e in events)
+
+    def ref(event: dict[str, Any]) -> dict[str, Any]:
+        return dict(event.get("objectRef") or {})
+
+    status_writes = sum(
+        1 for e in events
+        if e.get("verb") == "patch" and ref(e).get("resource") == names.PLURAL and ref(e).get("subresource") == "status"
+    )  # fmt: skip
+    rounds = kubelets.step_seconds[rounds_before:]
+    return {
+        "seconds": elapsed,
+        "cpu_share": (cpu1 - cpu0) / elapsed,
+        "rss_mib": peak,
+        "requests_per_s": {verb: n / elapsed for verb, n in sorted(verbs.items())},
+        "lists": verbs.get("list", 0),
+        "status_writes_per_s": status_writes / elapsed,
+        "host_cpu": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
+        "round_s": (statistics.median(rounds), max(rounds)) if rounds else (0.0, 0.0),
+    }
+
+
+def crowded_node(api: client.ApiClient, kubelets: Kubelets) -> tuple[str, int, list[float]]:
+    """Kill the node carrying the most pipelines; seconds from the kill to each of its
+    workers' replacement's first Lease renewal at its new epoch."""
+    pods: list[Any] = (
+        client.CoreV1Api(api)
+        .list_namespaced_pod(
+            NAMESPACE, label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
+        )
+        .items
+    )
+    by_node: dict[str, list[Any]] = {}
+    for pod in pods:
+        by_node.setdefault(pod.spec.node_name, []).append(pod)
+    node = max(
+        by_node, key=lambda n: len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[n]})
+    )
+    victims = [
+        (
+            names.lease(
+                p.metadata.labels[names.LABEL_PIPELINE],
+                int(p.metadata.labels[names.LABEL_PARTITION]),
+            ),
+            int(p.metadata.labels[names.LABEL_EPOCH]),
+        )
+        for p in by_node[node]
+    ]
+    pipelines = len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[node]})
+    t0 = time.monotonic()
+    kubelets.lose(node)
+    wait_until(
+        lambda: all((lease, epoch + 1) in kubelets.taken for lease, epoch in victims),
+        300,
+        "every replacement renewing",
+        every=0.5,
+    )
+    return (
+        node,
+        pipelines,
+        sorted(kubelets.taken[(lease, epoch + 1)] - t0 for lease, epoch in victims),
+    )
+
+
+def handover_steps(api: client.ApiClient) -> dict[str, float]:
+    """The median second, after the decision, of each step of the pipelines' last
+    handovers (status.partitions[].lastHandover.steps)."""
+    found: Any = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        names.GROUP, names.VERSION, NAMESPACE, names.PLURAL
+    )
+    steps: dict[str, list[float]] = {}
+    for body in found["items"]:
+        for entry in (body.get("status") or {}).get("partitions") or []:
+            for step, at in ((entry.get("lastHandover") or {}).get("steps") or {}).items():
+                steps.setdefault(step, []).append(float(at))
+    medians = {step: statistics.median(ats) for step, ats in steps.items()}
+    return dict(sorted(medians.items(), key=lambda kv: kv[1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pipelines", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=10)
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--steady-s", type=float, default=300.0)
+    parser.add_argument("--no-baseline", action="store_true")
+    bench_results.add_arguments(parser)
+    args = parser.parse_args()
+    pipelines = [f"s{i:03d}" for i in range(args.pipelines)]
+    total = args.pipelines * args.partitions
+    per_node = -(-total // args.nodes)
+    cpus = max(8, per_node)  # 500m a worker, with room
+    print(
+        f"[bench] {args.pipelines} pipelines x {args.partitions} partitions = {total:,} on {args.nodes} simulated nodes",
+        flush=True,
+    )
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="operator-scale-")))
+        cp = stack.enter_context(
+            ControlPlane(with_controllers=True, crds=sorted((REPO_ROOT / "crds").glob("*.yaml")))
+        )
+        kafka = stack.enter_context(KafkaBroker())
+        admin = cp.api_client()
+        core: Any = client.CoreV1Api(admin)
+        for ns in (NAMESPACE, BASELINE_NAMESPACE):
+            core.create_namespace({"metadata": {"name": ns}})
+        wait_until(
+            lambda: bool(core.list_namespaced_service_account(NAMESPACE).items),
+            60,
+            "the default service account",
+        )
+        topic = "scale-in"
+        kafka.create_topic(topic, args.partitions)
+        kafka.create_topic(f"{topic}-o", args.partitions, {"retention.ms": "-1"})
+        kubeconfig = operator_kubeconfig(cp, admin, tmp / "operator.kubeconfig")
+        base_s = None
+        if not args.no_baseline:
+            nodes = [f"base-{n}" for n in range(args.nodes)]
+            with Kubelets(
+                admin, BASELINE_NAMESPACE, nodes, "dedup.io/bench-baseline", cpus=cpus
+            ) as base:
+                for name in pipelines:
+                    base.create_volumes(name, args.partitions)
+                base_s = baseline(admin, cp.kubeconfig_path, pipelines, args.partitions, base)
+            print(
+                f"baseline: every pod Running {base_s:.1f}s after the first create (a plain script, 20 requests/s)",
+                flush=True,
+            )
+        nodes = [f"node-{n}" for n in range(args.nodes)]
+        kubelets = stack.enter_context(
+            Kubelets(admin, NAMESPACE, nodes, "dedup.io/bench", cpus=cpus)
+        )
+        for name in pipelines:
+            kubelets.create_volumes(name, args.partitions)
+        op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, tmp / "operator.log", interval=5.0, extra=(
+            "--topic-check-interval", "30", "--leader-lease-duration", "15", "--status-counters-interval", "60")))  # fmt: skip
+        custom = client.CustomObjectsApi(admin)
+        t0 = time.monotonic()
+        for name in pipelines:
+            custom.create_namespaced_custom_object(
+                names.GROUP,
+                names.VERSION,
+                NAMESPACE,
+                names.PLURAL,
+                pipeline_body(name, args.partitions, kafka.bootstrap, topic, kubelets.label),
+            )
+        wait_until(
+            lambda: ready_pipelines(admin, args.partitions) == len(pipelines),
+            3600,
+            "every pipeline Ready",
+            every=2.0,
+        )
+        apply_s = time.monotonic() - t0
+        ratio = (
+            f" = {apply_s / base_s:.2f}x the baseline (target <= {TARGET_APPLY_RATIO}x)"
+            if base_s
+            else ""
+        )
+        print(
+            f"operator: apply -> all {total:,} partitions Ready {apply_s:.1f}s{ratio}", flush=True
+        )
+        pid = op.operator_pid()
+        s = steady(cp, pid, kubelets, args.steady_s)
+        verbs = ", ".join(f"{v} {r:.2f}/s" for v, r in s["requests_per_s"].items())
+        saturated = s["host_cpu"] > 0.9 or s["round_s"][1] > 5.0
+        print(
+            f"steady ({s['seconds']:.0f}s): operator CPU {s['cpu_share']:.1%} of a core (target <= {TARGET_CPU:.0%}), "
+            f"RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
+            f"status writes {s['status_writes_per_s']:.2f}/s; host CPU {s['host_cpu']:.0%}; simulation rounds "
+            f"median {s['round_s'][0]:.2f}s max {s['round_s'][1]:.2f}s{' (SATURATED)' if saturated else ''}",
+            flush=True,
+        )
+        node, crowd, took = crowded_node(admin, kubelets)
+        print(
+            f"crowded node {node} ({len(took)} partitions of {crowd} pipelines) killed: replacements' first "
+            f"renewals {took[0]:.1f} / {statistics.median(took):.1f} / {took[-1]:.1f}s (min/median/max; "
+            f"target every one <= {TARGET_CROWDED_S:.0f}s)",
+            flush=True,
+        )
+        wait_until(lambda: "ready" in handover_steps(admin), 60, "the handovers recorded")
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in handover_steps(admin).items())
+        print(f"  handover steps, median seconds after the decision: {steps}", flush=True)
+        if kubelets.errors:
+            print(f"simulation errors: {kubelets.errors[:5]}", file=sys.stderr)
+    label = f"{args.pipelines}x{args.partitions} on {args.nodes} nodes"
+    figures = [
+        bench_results.Figure(
+            f"operator_scale.apply.{label}", "operator_scale.py",
+            f"{label}: apply -> all Ready {apply_s:.0f}s" + (f", baseline {base_s:.0f}s ({apply_s / base_s:.2f}x)" if base_s else ""),
+            f"<= {TARGET_APPLY_RATIO}x: " + (bench_results.verdict(apply_s / base_s <= TARGET_APPLY_RATIO) if base_s else "no baseline run"),
+        ),
+        bench_results.Figure(
+            f"operator_scale.steady.{label}", "operator_scale.py",
+            f"{label}: CPU {s['cpu_share']:.1%}, RSS {s['rss_mib']:.0f} MiB, {s['lists']} lists, status writes {s['status_writes_per_s']:.2f}/s" + (" (saturated)" if saturated else ""),
+            f"CPU <= 5%, RSS <= 256 MiB, 0 lists: {bench_results.verdict(s['cpu_share'] <= TARGET_CPU and s['rss_mib'] <= TARGET_RSS_MIB and s['lists'] == 0)}",
+        ),
+        bench_results.Figure(
+            f"operator_scale.crowded.{label}", "operator_scale.py",
+            f"{label}: node with {len(took)} partitions of {crowd} pipelines: every replacement renewing by {took[-1]:.1f}s",
+            f"<= 30 s: {bench_results.verdict(took[-1] <= TARGET_CROWDED_S)}",
+        ),
+    ]  # fmt: skip
+    bench_results.record_figures(args, figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
