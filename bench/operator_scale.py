@@ -50,7 +50,7 @@ from dedup_contract import kube_client, names
 from dedup_contract.timefmt import parse_time
 from dedup_local.control_plane import ControlPlane
 from dedup_local.kafka import KafkaBroker
-from dedup_local.kubelet_simulation import Kubelets
+from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
 from dedup_local.operator_process import running_operator
 from dedup_local.paths import REPO_ROOT
 
@@ -96,25 +96,6 @@ def operator_kubeconfig(cp: ControlPlane, api: client.ApiClient, path: Path) -> 
         context["context"]["user"] = OPERATOR_SA
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def pipeline_body(name: str, partitions: int, bootstrap: str, topic: str, label: str) -> Any:
-    return {
-        "apiVersion": f"{names.GROUP}/{names.VERSION}",
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "inputTopic": topic,
-                "outputTopic": f"{topic}-o",
-            },
-            "partitions": partitions,
-            "messageId": {"source": "key"},
-            "window": {"maxKeys": 1000},
-            "worker": {"nodeSelector": {label: "yes"}},
-        },
-    }
 
 
 def baseline(
@@ -382,7 +363,7 @@ def main() -> int:
                 names.VERSION,
                 NAMESPACE,
                 names.PLURAL,
-                pipeline_body(name, args.partitions, kafka.bootstrap, topic, kubelets.label),
+                simulated_pipeline(kafka.bootstrap, topic, kubelets.label, name, args.partitions),
             )
         wait_until(
             lambda: ready_pipelines(admin, args.partitions) == len(pipelines),

@@ -217,3 +217,31 @@ class Kubelets:
         self._stop.set()
         self._thread.join(timeout=10)
         self.delete_nodes()
+
+
+def simulated_pipeline(
+    bootstrap: str,
+    topic: str,
+    label: str,
+    name: str,
+    partitions: int,
+    failover: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A DedupPipeline whose workers go to the simulated nodes labelled `label` (ids from
+    the key, a small window: nothing here reads records); `failover`: spec.failover,
+    None for the CRD's defaults."""
+    spec: dict[str, Any] = {
+        "kafka": {"bootstrapServers": bootstrap, "inputTopic": topic, "outputTopic": f"{topic}-o"},
+        "partitions": partitions,
+        "messageId": {"source": "key"},
+        "window": {"maxKeys": 1000},
+        "worker": {"nodeSelector": {label: "yes"}},
+    }
+    if failover is not None:
+        spec["failover"] = failover
+    return {
+        "apiVersion": f"{names.GROUP}/{names.VERSION}",
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }

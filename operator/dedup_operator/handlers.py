@@ -3,10 +3,10 @@
 - create / resume / update (spec): a pass at once;
 - a pass scheduler (`pass_queue`): each pipeline's own next pass, every `--interval`
   seconds or sooner when its pass asks (a handover's next step), on `--pass-threads`
-  threads, one pass at a time per pipeline (its memory's lock, kopf's passes included); a thread lists the pipelines each interval
-  and keeps the scheduler's set to them (failover is level-based: lost nodes, expired
-  Leases and detached volumes are noticed by looking). Not kopf daemons or timers: those
-  put a finalizer on every pipeline;
+  threads, one pass at a time per pipeline (its memory's lock, kopf's passes included);
+  a thread lists the pipelines each interval and keeps the scheduler's set to them
+  (failover is level-based: lost nodes, expired Leases and detached volumes are noticed
+  by looking). Not kopf daemons or timers: those put a finalizer on every pipeline;
 - delete: for pipelines that keep their volumes (`storage.retainOnDelete`, the
   default), kopf's finalizer `dedup.io/retain-volumes`: the PVCs lose their owner
   reference before the garbage collector runs, so only they survive. A pipeline that

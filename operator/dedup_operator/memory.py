@@ -1,10 +1,10 @@
 """What one operator process remembers between reconcile passes (all of it re-derivable).
 
 - `PipelineMemory`: one pipeline's (its pass lock, when its objects were last ensured,
-  its cached topic check, its workers' counters as last scraped, what was told once). Owned by the caller of
-  `reconcile.reconcile` (the handlers' runtime keeps one per (namespace, name) in
-  `PipelineMemories`) and passed in to every pass; `recalled` is the snapshot the
-  decide step reads.
+  its cached topic check, its workers' counters as last scraped, what was told once).
+  Owned by the caller of `reconcile.reconcile` (the handlers' runtime keeps one per
+  (namespace, name) in `PipelineMemories`) and passed in to every pass; `recalled` is
+  the snapshot the decide step reads.
 - `LeaseWatch`: the process's own view of Lease renewals, shared by every pipeline: when
   it saw each Lease (partitions', nodes') change, on its monotonic clock (a Lease has
   run out once unchanged for its duration: dedup_contract.lease_clock), and since when

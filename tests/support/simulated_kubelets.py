@@ -15,8 +15,7 @@ from typing import Any
 
 from kubernetes import client
 
-from dedup_contract import names
-from dedup_local.kubelet_simulation import Kubelets
+from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
 from support.operator_helpers import get_pipeline
 
 __all__ = ["LEASE_S", "Kubelets", "entry", "pipeline"]
@@ -33,23 +32,8 @@ def pipeline(
     lease_s: int = LEASE_S,
     node_lost_s: int = 3,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{names.GROUP}/{names.VERSION}",
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "inputTopic": topic,
-                "outputTopic": f"{topic}-o",
-            },
-            "partitions": partitions,
-            "messageId": {"source": "key"},
-            "window": {"maxKeys": 1000},
-            "worker": {"nodeSelector": {label: "yes"}},
-            "failover": {"nodeLostAfter": f"{node_lost_s}s", "leaseDuration": f"{lease_s}s"},
-        },
-    }
+    failover = {"nodeLostAfter": f"{node_lost_s}s", "leaseDuration": f"{lease_s}s"}
+    return simulated_pipeline(bootstrap, topic, label, name, partitions, failover)
 
 
 def entry(api: client.ApiClient, ns: str, p: int, name: str = "events") -> dict[str, Any]:
