@@ -16,7 +16,7 @@ no /metrics is served, so the status counters stay empty):
 2. **Apply -> all Ready**: the operator (production timings: `--interval 5`, the CRD's
    failover defaults) runs as a service account; every pipeline is created at once, and
    the time until each reports all its partitions Ready is taken.
-3. **Steady state** over `--steady-s`: the operator's CPU (a share of one core) and RSS,
+3. **Steady state** over `--steady-s`: the operator's CPU (a share of one core), its peak RSS,
    API requests per second by verb counted from the API server's audit log by the
    operator's user (not by its own counters), list calls, status writes per second, the
    host's CPU, and how long the simulation's renewal rounds took (a saturated run).
@@ -45,6 +45,7 @@ from typing import Any
 import results as bench_results
 import yaml
 from kubernetes import client
+from worker_throughput import cpu_seconds, peak_rss_mib
 
 from dedup_contract import kube_client, names
 from dedup_contract.timefmt import parse_time
@@ -181,18 +182,6 @@ def ready_pipelines(api: client.ApiClient, partitions: int) -> int:
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime, stime (ticks of 10 ms)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def host_busy() -> tuple[float, float]:
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + values[4]
@@ -212,10 +201,7 @@ def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> di
     rounds_before = len(kubelets.step_seconds)
     cpu0, busy0, start = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
     t0 = time.monotonic()
-    peak = 0.0
-    while time.monotonic() - t0 < seconds:
-        peak = max(peak, rss_mib(pid))
-        time.sleep(5)
+    time.sleep(seconds)
     elapsed = time.monotonic() - t0
     cpu1, busy1, end = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
     events = audit_in(cp, start, end)
@@ -232,7 +218,7 @@ def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> di
     return {
         "seconds": elapsed,
         "cpu_share": (cpu1 - cpu0) / elapsed,
-        "rss_mib": peak,
+        "rss_mib": peak_rss_mib(pid),  # its peak since it started
         "requests_per_s": {verb: n / elapsed for verb, n in sorted(verbs.items())},
         "lists": verbs.get("list", 0),
         "status_writes_per_s": status_writes / elapsed,
@@ -386,7 +372,7 @@ def main() -> int:
         saturated = s["host_cpu"] > 0.9 or s["round_s"][1] > 5.0
         print(
             f"steady ({s['seconds']:.0f}s): operator CPU {s['cpu_share']:.1%} of a core (target <= {TARGET_CPU:.0%}), "
-            f"RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
+            f"peak RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
             f"status writes {s['status_writes_per_s']:.2f}/s; host CPU {s['host_cpu']:.0%}; simulation rounds "
             f"median {s['round_s'][0]:.2f}s max {s['round_s'][1]:.2f}s{' (SATURATED)' if saturated else ''}",
             flush=True,

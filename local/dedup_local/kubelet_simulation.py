@@ -64,10 +64,11 @@ class Kubelets:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
         for p in range(partitions):
             claim = names.volume_claim(pipeline, p)
+            name = f"{self.namespace}-{claim}"[:63]
             volume: Any = {
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
-                "metadata": {"name": f"{self.namespace}-{claim}"[:63]},
+                "metadata": {"name": name},
                 "spec": {
                     "capacity": {"storage": "10Gi"},
                     "accessModes": ["ReadWriteOnce"],
@@ -78,7 +79,7 @@ class Kubelets:
                 },
             }
             self.core.create_persistent_volume(volume)
-            self.volumes.append(f"{self.namespace}-{claim}"[:63])
+            self.volumes.append(name)
 
     def create_nodes(self) -> None:
         for name in self.nodes:

@@ -6,8 +6,9 @@ again while processing, it is processed again after) and kopf's per-object handl
 
 * `PassQueue` (pure, `now` passed in): each pipeline's due time; `take` hands out the
   pipeline due first among those not in a pass, `done` ends its pass and sets its next
-  due time. A pass asked for while one runs (`want`) runs after it, at the earlier of
-  the two times. A pipeline forgotten while in a pass is not scheduled again.
+  due time. A pass asked for while one runs (`want`: the pipeline listed again after
+  it was forgotten) runs after it, at the earlier of the two times. A pipeline
+  forgotten while in a pass is not scheduled again.
 * `PassScheduler` (the shell): `threads` daemon threads take due pipelines and run a
   pass over each; the pass returns the seconds until its pipeline's next pass (None:
   no next pass). One pipeline's handover, passing every second, no longer makes the
@@ -119,16 +120,10 @@ class PassScheduler:
         self._queue = PassQueue()
         self._cond = threading.Condition()
         self._stop = False
-        self._pool: list[threading.Thread] = []
 
-    def want(self, key: Key, in_s: float = 0.0) -> None:
-        with self._cond:
-            self._queue.want(key, self._monotonic() + in_s)
-            self._cond.notify()
-
-    def keep_only(self, keys: Iterable[Key], new_in_s: float = 0.0) -> None:
-        """The pipelines that exist: new ones get a pass in `new_in_s`, known ones keep
-        their due times, and those gone are forgotten."""
+    def keep_only(self, keys: Iterable[Key]) -> None:
+        """The pipelines that exist: new ones get a pass at once, known ones keep their
+        due times, and those gone are forgotten."""
         wanted = set(keys)
         with self._cond:
             known = self._queue.known()
@@ -136,20 +131,14 @@ class PassScheduler:
                 self._queue.forget(key)
             now = self._monotonic()
             for key in wanted - known:
-                self._queue.want(key, now + new_in_s)
+                self._queue.want(key, now)
             self._cond.notify_all()
-
-    def forget(self, key: Key) -> None:
-        with self._cond:
-            self._queue.forget(key)
 
     def start(self) -> None:
         with self._cond:
             self._stop = False
         for i in range(self._threads):
-            thread = threading.Thread(target=self._serve, name=f"pass-{i}", daemon=True)
-            thread.start()
-            self._pool.append(thread)
+            threading.Thread(target=self._serve, name=f"pass-{i}", daemon=True).start()
 
     def stop(self) -> None:
         with self._cond:

@@ -153,10 +153,11 @@ def _report(
     spec = obs.spec
     memory = acting.memory
     ready = {p for p, e in plan.partitions.items() if e.ready and e.pod}
-    counters = kept_counters(memory.counters, ready, time.monotonic(), settings.counters_s)
+    scraped_at = time.monotonic()
+    counters = kept_counters(memory.counters, ready, scraped_at, settings.counters_s)
     if counters is None:
         counters = _worker_counters(obs, plan, settings)
-        memory.counters = (time.monotonic(), counters)
+        memory.counters = (scraped_at, counters)
     status = pipeline_status(
         obs, plan, counters, acting.tainted, plan.last_audit, plan.audit_condition, now
     )

@@ -36,20 +36,14 @@ from support.operator_helpers import (
     wait_for,
     wait_for_event,
 )
-from support.simulated_kubelets import LEASE_S, Kubelets, entry, pipeline
+from support.simulated_kubelets import LEASE_S, Kubelets, entry, kubelets_in, pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture
 def kubelets(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
-    suffix = kube_namespace.name[-6:]
-    with Kubelets(
-        kube_namespace.api_client,
-        kube_namespace.name,
-        [f"fo-a-{suffix}", f"fo-b-{suffix}"],
-        f"dedup.io/failover-test-{suffix}",
-    ) as k:
+    with kubelets_in(kube_namespace.api_client, kube_namespace.name, "fo", 2) as k:
         k.create_volumes("events", 2)
         yield k
 

@@ -32,7 +32,7 @@ from dedup_operator.kube import Kube
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
-from support.simulated_kubelets import Kubelets, entry, pipeline
+from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -60,29 +60,14 @@ def ready(api: client.ApiClient, namespace: str, name: str, partitions: int) -> 
 
 
 @pytest.fixture
-def suffix(kube_namespace: KubeNamespace) -> str:
-    return kube_namespace.name[-6:]
-
-
-@pytest.fixture
-def busy_nodes(kube_namespace: KubeNamespace, suffix: str) -> Iterator[Kubelets]:
-    with Kubelets(
-        kube_namespace.api_client,
-        kube_namespace.name,
-        [f"sb-a-{suffix}", f"sb-b-{suffix}"],
-        f"dedup.io/sched-busy-{suffix}",
-    ) as k:
+def busy_nodes(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
+    with kubelets_in(kube_namespace.api_client, kube_namespace.name, "sb", 2) as k:
         yield k
 
 
 @pytest.fixture
-def quiet_nodes(kube_namespace: KubeNamespace, suffix: str) -> Iterator[Kubelets]:
-    with Kubelets(
-        kube_namespace.api_client,
-        kube_namespace.name,
-        [f"sq-a-{suffix}"],
-        f"dedup.io/sched-quiet-{suffix}",
-    ) as k:
+def quiet_nodes(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
+    with kubelets_in(kube_namespace.api_client, kube_namespace.name, "sq", 1) as k:
         yield k
 
 
@@ -229,12 +214,10 @@ def test_an_operator_restarted_under_200_partitions_starts_no_handover(
     more than nodeLostAfter plus a Lease duration, it starts no handover, and every
     worker keeps its pod and epoch."""
     api, ns = kube_namespace.api_client, kube_namespace.name
-    suffix = ns[-6:]
     topic = new_topic(partitions=RESTART_PARTITIONS)
     kafka.create_topic(f"{topic}-o", RESTART_PARTITIONS, {"retention.ms": "-1"})
     pipelines = [f"r{i:02d}" for i in range(RESTART_PIPELINES)]
-    nodes = [f"sr-{n}-{suffix}" for n in range(RESTART_NODES)]
-    with Kubelets(api, ns, nodes, f"dedup.io/sched-restart-{suffix}", cpus=32) as kubelets:
+    with kubelets_in(api, ns, "sr", RESTART_NODES, cpus=32) as kubelets:
         for name in pipelines:
             kubelets.create_volumes(name, RESTART_PARTITIONS)
         log = tmp_path / "operator.log"

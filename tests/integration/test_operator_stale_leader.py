@@ -35,20 +35,14 @@ from dedup_operator.leader import LEASE_NAME
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
-from support.simulated_kubelets import Kubelets, entry, pipeline
+from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
 
 @pytest.fixture
 def kubelets(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
-    suffix = kube_namespace.name[-6:]
-    with Kubelets(
-        kube_namespace.api_client,
-        kube_namespace.name,
-        [f"sl-a-{suffix}", f"sl-b-{suffix}"],
-        f"dedup.io/stale-leader-test-{suffix}",
-    ) as k:
+    with kubelets_in(kube_namespace.api_client, kube_namespace.name, "sl", 2) as k:
         k.create_volumes("events", 2)
         yield k
 

@@ -18,7 +18,7 @@ from kubernetes import client
 from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
 from support.operator_helpers import get_pipeline
 
-__all__ = ["LEASE_S", "Kubelets", "entry", "pipeline"]
+__all__ = ["LEASE_S", "Kubelets", "entry", "kubelets_in", "pipeline"]
 
 LEASE_S = 3
 
@@ -34,6 +34,17 @@ def pipeline(
 ) -> dict[str, Any]:
     failover = {"nodeLostAfter": f"{node_lost_s}s", "leaseDuration": f"{lease_s}s"}
     return simulated_pipeline(bootstrap, topic, label, name, partitions, failover)
+
+
+def kubelets_in(
+    api: client.ApiClient, namespace: str, prefix: str, count: int, cpus: int = 8
+) -> Kubelets:
+    """`count` simulated nodes for a test in `namespace`: named `<prefix>-a-<suffix>`,
+    `<prefix>-b-<suffix>`, ... and labelled `dedup.io/<prefix>-<suffix>` (the suffix is
+    the namespace's, so tests running at once never share a node)."""
+    suffix = namespace[-6:]
+    nodes = [f"{prefix}-{chr(ord('a') + i)}-{suffix}" for i in range(count)]
+    return Kubelets(api, namespace, nodes, f"dedup.io/{prefix}-{suffix}", cpus=cpus)
 
 
 def entry(api: client.ApiClient, ns: str, p: int, name: str = "events") -> dict[str, Any]:
