@@ -291,6 +291,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--steady-s", type=float, default=300.0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--operator-log", type=Path, help="keep the operator's log there (default: deleted)"
+    )
     bench_results.add_arguments(parser)
     args = parser.parse_args()
     pipelines = [f"s{i:03d}" for i in range(args.pipelines)]
@@ -339,7 +342,7 @@ def main() -> int:
         )
         for name in pipelines:
             kubelets.create_volumes(name, args.partitions)
-        op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, tmp / "operator.log", interval=5.0, extra=(
+        op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, args.operator_log or tmp / "operator.log", interval=5.0, extra=(
             "--topic-check-interval", "30", "--leader-lease-duration", "15", "--status-counters-interval", "60")))  # fmt: skip
         custom = client.CustomObjectsApi(admin)
         t0 = time.monotonic()

@@ -1,28 +1,26 @@
-"""The cluster-wide objects every pass looks at, kept by watching instead of listing.
+"""What every pass looks at, kept by watching instead of listing (as client-go's informers).
 
-Each reconcile pass of each pipeline needs every Node, every node's heartbeat Lease (in
-`kube-node-lease`) and every VolumeAttachment. Listing them on every pass makes the
-operator's load on the API server grow with nodes times pipelines over the interval. A
-`WatchedKind` lists a kind once and then follows its watch stream (as client-go's
-informers do), so a pass reads them from memory: the requests a pass makes do not grow
-with the number of nodes.
+A pass needs every Node, node heartbeat Lease and VolumeAttachment, and its pipeline's
+worker pods, volume claims and partition Leases. Listed on every pass, the operator's
+load on the API server grows with nodes and partitions times pipelines per interval. A
+`WatchedKind` lists a kind once (narrowed by a label selector), then follows its watch:
+a pass reads memory, its requests do not grow with the cluster. Per kind, one thread:
 
-The protocol, per kind, in one daemon thread:
-
-1. list (raw JSON), keep the items by name and the list's resourceVersion: *synced*;
+1. list (raw JSON), keep the items by key and the list's resourceVersion: *synced*;
 2. watch from that version, applying ADDED/MODIFIED/DELETED and moving the version on
-   with each event and bookmark; the server ends each watch after `WATCH_S` and the
+   with each event and bookmark; the server ends each watch after `WATCH_S`, and the
    thread watches again from the version it holds (no relist);
-3. a watch refused with 410 Gone (the version is too old) → relist; any other error
-   (the API server unreachable, a connection cut) → *not synced* until the next list
-   succeeds, retried with capped backoff.
+3. 410 Gone (the version too old) → relist; any other error (the API server
+   unreachable, a connection cut) → *not synced* until a list succeeds (capped backoff).
 
-`items()` returns None when the kind is not synced, *or when nothing has been heard from
-the server for `STALE_S`* (a connection silently hung: the watch read times out after
-`READ_TIMEOUT_S`; the server ends each watch after `WATCH_S` < `STALE_S`, so a healthy
-stream is heard from at least that often). A caller given None lists directly: it never
-decides on data older than it could know. During a control-plane outage both fail alike,
-so the pass is abandoned.
+Objects may be *grouped* (`group(obj)`: e.g. pods by namespace and pipeline), so a pass
+reads its own (`select`). The operator's own writes are held at once (`wrote`: what
+controller-runtime's expectations make up for), so a pass right after a create sees it;
+an event older than what is held (resourceVersions compared as etcd's numbers) is not
+taken. `items()`/`select()` return None when not synced, *or nothing was heard for
+`STALE_S`* (a silently hung connection: a healthy stream is heard at least every
+`WATCH_S`); the caller then lists directly, never deciding on data older than it could
+know. During a control-plane outage both fail alike, and the pass is abandoned.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -48,11 +46,30 @@ BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 DENIED_S = 300.0  # a kind not granted is asked again this rarely
 
 
+def by_name(obj: Obj) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def by_namespace_and_name(obj: Obj) -> str:
+    meta = obj["metadata"]
+    return f"{meta.get('namespace') or ''}/{meta['name']}"
+
+
+def newer(held: Obj, incoming: Obj) -> bool:
+    """`held` is a later version than `incoming` (both etcd-issued resourceVersions);
+    False when either is not a number (then the incoming one is taken)."""
+    a = str(held["metadata"].get("resourceVersion") or "")
+    b = str(incoming["metadata"].get("resourceVersion") or "")
+    return a.isdigit() and b.isdigit() and int(a) > int(b)
+
+
 class WatchedKind:
-    """One kind's objects, by name, kept by list + watch (see the module docstring).
+    """One kind's objects, by key (the name unless `key` says otherwise), kept by list +
+    watch (see the module docstring).
 
     `list_call` is the generated client's list function (e.g. `CoreV1Api.list_node`,
-    or `list_namespaced_lease` with `namespace` given)."""
+    or `list_namespaced_lease` with `namespace` given); `label_selector` narrows it;
+    `group(obj)` names the group `select` reads (None: in no group)."""
 
     def __init__(
         self,
@@ -61,13 +78,22 @@ class WatchedKind:
         namespace: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         on_change: Callable[[Obj], None] | None = None,
+        label_selector: str | None = None,
+        key: Callable[[Obj], str] = by_name,
+        group: Callable[[Obj], Hashable | None] | None = None,
     ) -> None:
         self.what = what
         self._list = list_call
         self._args: tuple[Any, ...] = (namespace,) if namespace is not None else ()
+        self._selector: dict[str, str] = (
+            {"label_selector": label_selector} if label_selector else {}
+        )
+        self._key = key
+        self._group = group
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._items: dict[str, Obj] = {}
+        self._groups: dict[Hashable, set[str]] = {}  # group -> keys (with `group`)
         self._synced = False
         self._heard = 0.0  # monotonic: the last list, event, bookmark or watch start
         self._synced_since = 0.0  # monotonic: when the current unbroken view began
@@ -79,21 +105,70 @@ class WatchedKind:
         self._on_change = on_change
 
     # ----------------------------------------------------------------- readers
+    def _trusted(self) -> bool:  # with the lock held
+        return self._synced and self._monotonic() - self._heard <= STALE_S
+
     def items(self) -> dict[str, Obj] | None:
-        """A copy of the objects by name; None when not synced or not heard from lately."""
+        """A copy of the objects by key; None when not synced or not heard from lately."""
         with self._lock:
-            if not self._synced or self._monotonic() - self._heard > STALE_S:
+            return dict(self._items) if self._trusted() else None
+
+    def select(self, group: Hashable) -> dict[str, Obj] | None:
+        """The objects of one group, by name; None when not trusted (as `items`)."""
+        with self._lock:
+            if not self._trusted():
                 return None
-            return dict(self._items)
+            found = (self._items[k] for k in self._groups.get(group, ()))
+            return {o["metadata"]["name"]: o for o in found}
+
+    def get(self, key: str) -> tuple[bool, Obj | None]:
+        """(trusted, the object held under `key` or None): not trusted as `items`."""
+        with self._lock:
+            return (True, self._items.get(key)) if self._trusted() else (False, None)
+
+    def wrote(self, obj: Obj) -> None:
+        """The operator created or changed `obj` (the API server's answer): held at once,
+        unless a later version is held already."""
+        with self._lock:
+            self._put(obj)
+
+    def _put(self, obj: Obj) -> bool:
+        """Hold `obj` unless a later version is held (lock held); True if held."""
+        key = self._key(obj)
+        held = self._items.get(key)
+        if held is not None and newer(held, obj):
+            return False
+        if held is not None:
+            self._ungroup(key, held)
+        self._items[key] = obj
+        if self._group is not None:
+            group = self._group(obj)
+            if group is not None:
+                self._groups.setdefault(group, set()).add(key)
+        return True
+
+    def _drop(self, obj: Obj) -> None:
+        key = self._key(obj)
+        held = self._items.pop(key, None)
+        if held is not None:
+            self._ungroup(key, held)
+
+    def _ungroup(self, key: str, held: Obj) -> None:
+        if self._group is None:
+            return
+        group = self._group(held)
+        keys = self._groups.get(group) if group is not None else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._groups[group]
 
     def synced_since(self) -> float | None:
         """When the current unbroken view began (the list after the last failure), on
         the monotonic clock; None while not synced. Nothing that happened before it was
         seen: a Lease's age is counted from it at most (`lease_clock.ContinuousView`)."""
         with self._lock:
-            if not self._synced or self._monotonic() - self._heard > STALE_S:
-                return None
-            return self._synced_since
+            return self._synced_since if self._trusted() else None
 
     # --------------------------------------------------------------- lifecycle
     def start(self) -> WatchedKind:
@@ -156,16 +231,21 @@ class WatchedKind:
             log.warning("watching %s: on_change: %s: %s", self.what, type(exc).__name__, exc)
 
     def _relist(self) -> str:
-        response = self._list(*self._args, _preload_content=False, _request_timeout=30)
+        response = self._list(
+            *self._args, **self._selector, _preload_content=False, _request_timeout=30
+        )
         body = json.loads(response.data)
-        items = {o["metadata"]["name"]: o for o in body.get("items") or []}
-        for obj in items.values():
+        listed = body.get("items") or []
+        for obj in listed:
             self._changed(obj)
         with self._lock:
             now = self._monotonic()
             if not self._synced:
                 self._synced_since = now
-            self._items, self._synced, self._heard = items, True, now
+            self._items, self._groups = {}, {}
+            for obj in listed:
+                self._put(obj)
+            self._synced, self._heard = True, now
             self.lists += 1
         return str(body["metadata"]["resourceVersion"])
 
@@ -173,6 +253,7 @@ class WatchedKind:
         """One watch from `version` until the server ends it; returns the version reached."""
         response = self._list(
             *self._args,
+            **self._selector,
             watch=True,
             resource_version=version,
             allow_watch_bookmarks=True,
@@ -193,13 +274,14 @@ class WatchedKind:
                 if kind == "ERROR":
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
                 version = str(obj["metadata"]["resourceVersion"])
+                taken = False
                 with self._lock:
                     self._heard = self._monotonic()
                     if kind in ("ADDED", "MODIFIED"):
-                        self._items[obj["metadata"]["name"]] = obj
+                        taken = self._put(obj)
                     elif kind == "DELETED":
-                        self._items.pop(obj["metadata"]["name"], None)
-                if kind in ("ADDED", "MODIFIED"):
+                        self._drop(obj)
+                if taken:
                     self._changed(obj)
         finally:
             response.close()

@@ -239,9 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER
     kube = Kube(api)  # type: ignore[arg-type]
-    # Nodes, node Leases, VolumeAttachments: watched, not listed per pass; each node
-    # heartbeat noted as it happens
-    kube.watch_cluster(on_heartbeat=handlers.RUNTIME.lease_watch.observe_heartbeat)
+    # Nodes, node Leases, VolumeAttachments and the pipelines' worker pods, volume claims
+    # and partition Leases: watched, not listed per pass; each Lease renewal noted as it
+    # happens
+    kube.watch_cluster(
+        on_heartbeat=handlers.RUNTIME.lease_watch.observe_lease,
+        namespaces=[] if args.all_namespaces else namespaces,
+        on_partition_lease=handlers.RUNTIME.lease_watch.observe_lease,
+    )
     _export_client_counts(kube)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)

@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import kube_client, names
 from dedup_contract.timefmt import format_time
-from dedup_operator.cache import WatchedKind
+from dedup_operator.cache import WatchedKind, by_namespace_and_name
 from dedup_operator.desired.scheduled_audit import (
     SCHEDULED_APP_LABEL,
     SCHEDULED_SPARK_APPLICATIONS,
@@ -61,6 +61,20 @@ class NotLeader(Exception):
     clock): the pass stops before the mutating call it was about to make."""
 
 
+# The kinds a pass reads from a pipeline watch, by the kind `ensure` creates.
+WRITTEN_THROUGH = {"PersistentVolumeClaim": "volumeclaims", "Lease": "leases"}
+
+
+def _watched_key(kind: str, namespace: str | None) -> str:
+    return f"{kind}@{namespace}" if namespace is not None else kind
+
+
+def _by_pipeline(obj: Obj) -> tuple[str, str] | None:
+    meta = obj["metadata"]
+    pipeline = (meta.get("labels") or {}).get(names.LABEL_PIPELINE)
+    return (str(meta.get("namespace") or ""), str(pipeline)) if pipeline else None
+
+
 class Kube:
     """Synchronous calls, one ApiClient (kopf runs sync handlers in threads)."""
 
@@ -79,13 +93,19 @@ class Kube:
         self._watched: dict[str, WatchedKind] = {}
 
     def watch_cluster(
-        self, wait_s: float = 0.0, on_heartbeat: Callable[[Obj], None] | None = None
+        self,
+        wait_s: float = 0.0,
+        on_heartbeat: Callable[[Obj], None] | None = None,
+        namespaces: Sequence[str] | None = None,
+        on_partition_lease: Callable[[Obj], None] | None = None,
     ) -> None:
-        """Follow Nodes, node Leases and VolumeAttachments by watch from now on, so that a
-        pass reads them from memory (its requests do not grow with the cluster);
-        `on_heartbeat(lease)` is called as each node Lease is renewed. Waits up to `wait_s`
-        for the first lists; the operator does not wait (a pass lists directly until then,
-        and a slow start would delay its leader election)."""
+        """Follow by watch from now on, so that a pass reads them from memory (its
+        requests do not grow with the cluster): Nodes, node Leases and VolumeAttachments;
+        with `namespaces` (empty: every namespace) also the pipelines' worker pods,
+        volume claims and partition Leases there. `on_heartbeat(lease)` and
+        `on_partition_lease(lease)` are called as each Lease is renewed. Waits up to
+        `wait_s` for the first lists; the operator does not wait (a pass lists directly
+        until then, and a slow start would delay its leader election)."""
         if self._watched:
             return
         self._watched = {
@@ -100,14 +120,87 @@ class Kube:
                 "volumeattachments", self.storage.list_volume_attachment
             ),
         }
+        if namespaces is not None:
+            scopes: list[str | None] = list(namespaces) or [None]
+            for ns in scopes:
+                self._watch_pipelines(ns, on_partition_lease)
         for kind in self._watched.values():
             kind.start()
         for kind in self._watched.values():
             kind.wait_synced(wait_s)
 
+    def _watch_pipelines(
+        self, namespace: str | None, on_lease: Callable[[Obj], None] | None
+    ) -> None:
+        """Worker pods, volume claims and partition Leases in `namespace` (None: all),
+        grouped by (namespace, pipeline)."""
+        every = namespace is None
+        kinds = (
+            (
+                "pods",
+                self.core.list_pod_for_all_namespaces if every else self.core.list_namespaced_pod,
+                f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
+                None,
+            ),
+            (
+                "volumeclaims",
+                self.core.list_persistent_volume_claim_for_all_namespaces
+                if every
+                else self.core.list_namespaced_persistent_volume_claim,
+                names.LABEL_PIPELINE,
+                None,
+            ),
+            (
+                "leases",
+                self.coordination.list_lease_for_all_namespaces
+                if every
+                else self.coordination.list_namespaced_lease,
+                names.LABEL_PIPELINE,
+                on_lease,
+            ),
+        )
+        for kind, list_call, selector, on_change in kinds:
+            self._watched[_watched_key(kind, namespace)] = WatchedKind(
+                f"{kind} in {namespace or 'every namespace'}",
+                list_call,
+                namespace,
+                on_change=on_change,
+                label_selector=selector,
+                key=by_namespace_and_name,
+                group=_by_pipeline,
+            )
+
+    def _pipeline_watch(self, kind: str, namespace: str) -> WatchedKind | None:
+        return self._watched.get(_watched_key(kind, namespace)) or self._watched.get(
+            _watched_key(kind, None)
+        )
+
+    def _pipeline_objects(self, kind: str, namespace: str, pipeline: str) -> dict[str, Obj] | None:
+        """The pipeline's objects of `kind` by name, from its watch; None while not synced."""
+        watched = self._pipeline_watch(kind, namespace)
+        return watched.select((namespace, pipeline)) if watched is not None else None
+
+    def _wrote(self, kind: str, obj: Any) -> None:
+        """Hold what the operator just wrote in the watch that follows it (if any)."""
+        data = obj if isinstance(obj, dict) else self._json(obj)
+        watched = self._pipeline_watch(kind, str(data["metadata"].get("namespace") or ""))
+        if watched is not None:
+            watched.wrote(data)
+
+    def leases_watched_since(self, namespace: str) -> float | None:
+        """Since when (monotonic) the partition Leases of `namespace` have been followed
+        by an unbroken watch; None when they are not watched or the watch is not synced."""
+        watched = self._pipeline_watch("leases", namespace)
+        return watched.synced_since() if watched is not None else None
+
     def watch_lists(self) -> dict[str, int]:
-        """How many times each watched kind was listed (relists included)."""
-        return {kind: watched.lists for kind, watched in self._watched.items()}
+        """How many times each watched kind was listed (relists included), summed over
+        the namespaces it is watched in."""
+        lists: dict[str, int] = {}
+        for key, watched in self._watched.items():
+            kind = key.split("@", 1)[0]
+            lists[kind] = lists.get(kind, 0) + watched.lists
+        return lists
 
     def stop_watching(self) -> None:
         for kind in self._watched.values():
@@ -154,11 +247,13 @@ class Kube:
             if not _absent(exc):
                 raise
         try:
-            create(ns, body)
+            created = create(ns, body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
             return False
+        if kind in WRITTEN_THROUGH:
+            self._wrote(WRITTEN_THROUGH[kind], created)
         log.info("created %s %s/%s", kind, ns, name)
         return True
 
@@ -208,11 +303,12 @@ class Kube:
         self._may_act(f"create pod {body['metadata']['name']}")
         meta = body["metadata"]
         try:
-            self.core.create_namespaced_pod(meta["namespace"], body)  # type: ignore[arg-type]
+            created = self.core.create_namespaced_pod(meta["namespace"], body)  # type: ignore[arg-type]
         except ApiException as exc:
             if exc.status == 409:
                 return False
             raise
+        self._wrote("pods", created)
         log.info("created pod %s/%s", meta["namespace"], meta["name"])
         return True
 
@@ -359,7 +455,12 @@ class Kube:
         return list(found.get("items") or [])
 
     # ----------------------------------------------------------------- observe
+    # The pipeline's objects come from their watches (read-only: shared with the watch
+    # thread); listed directly while a watch is not synced.
     def pods(self, namespace: str, pipeline: str) -> list[Obj]:
+        cached = self._pipeline_objects("pods", namespace, pipeline)
+        if cached is not None:
+            return list(cached.values())
         selector = (
             f"{names.LABEL_PIPELINE}={pipeline},{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
         )
@@ -367,12 +468,18 @@ class Kube:
         return [self._json(p) for p in found.items]
 
     def leases(self, namespace: str, pipeline: str) -> dict[str, Obj]:
+        cached = self._pipeline_objects("leases", namespace, pipeline)
+        if cached is not None:
+            return cached
         found = self.coordination.list_namespaced_lease(
             namespace, label_selector=f"{names.LABEL_PIPELINE}={pipeline}"
         )
         return {o["metadata"]["name"]: o for o in (self._json(lease) for lease in found.items)}
 
     def volume_claims(self, namespace: str, pipeline: str) -> dict[str, Obj]:
+        cached = self._pipeline_objects("volumeclaims", namespace, pipeline)
+        if cached is not None:
+            return cached
         found = self.core.list_namespaced_persistent_volume_claim(
             namespace, label_selector=f"{names.LABEL_PIPELINE}={pipeline}"
         )
@@ -424,11 +531,12 @@ class Kube:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            self.coordination.patch_namespaced_lease(name, namespace, body)
+            fenced = self.coordination.patch_namespaced_lease(name, namespace, body)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
             raise
+        self._wrote("leases", fenced)
         return True
 
     def volume_attachments(self) -> list[Obj]:
@@ -565,6 +673,11 @@ class Kube:
         return [self._json(p) for p in found.items]
 
     def lease(self, namespace: str, name: str) -> Obj | None:
+        watched = self._pipeline_watch("leases", namespace)
+        if watched is not None:
+            trusted, held = watched.get(f"{namespace}/{name}")
+            if trusted:
+                return held
         try:
             return self._json(self.coordination.read_namespaced_lease(name, namespace))
         except ApiException as exc:

@@ -102,10 +102,10 @@ class LeaseWatch:
         self.lease_clock = LeaseClock()
         self.heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
 
-    def observe_heartbeat(self, lease: Mapping[str, Any]) -> None:
-        """A node Lease as the watch delivers it: its renewal noted on the Lease clock
-        when it happens, not at the next pass (up to an interval later, which would be
-        added to every node-loss judgement)."""
+    def observe_lease(self, lease: Mapping[str, Any]) -> None:
+        """A node heartbeat or partition Lease as the watch delivers it: its renewal noted
+        on the Lease clock when it happens, not at the next pass (up to an interval later,
+        which would be added to every node-loss and expiry judgement)."""
         lease_view(lease, self.lease_clock)
 
     def heartbeats_watched_for(self, watched_since: float | None) -> timedelta:

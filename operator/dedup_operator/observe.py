@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from dedup_contract import names
@@ -28,7 +29,7 @@ from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settin
 from dedup_operator import audit_status, ownership_generation
 from dedup_operator.actions import TopicQuery
 from dedup_operator.desired import scheduled_audit
-from dedup_operator.failover import NodeView, PodView, ReleaseVolume
+from dedup_operator.failover import LeaseView, NodeView, PodView, ReleaseVolume
 from dedup_operator.kafka_admin import read_topics
 from dedup_operator.kube import Kube
 from dedup_operator.memory import LeaseWatch, PipelineMemory
@@ -98,7 +99,7 @@ def observe_pipeline(
         previous=previous,
         claims=claims,
         pods=pods,
-        leases={n: lease_view(o, watch.lease_clock) for n, o in raw_leases.items()},
+        leases=_partition_leases(kube, namespace, raw_leases, watch),
         nodes=nodes,
         attachments=kube.volume_attachments(),
         topic=topic,
@@ -111,6 +112,23 @@ def observe_pipeline(
         spark_operator=spark_operator,
         audit=_audit_seen(kube, spec, spark_operator),
     )
+
+
+def _partition_leases(
+    kube: Kube, namespace: str, raw: Mapping[str, Any], watch: LeaseWatch
+) -> dict[str, LeaseView]:
+    """The pipeline's Leases as the Lease clock has seen them. Read from a watch, a
+    Lease's unchanged time counts from the watch's unbroken start at most
+    (`lease_clock.ContinuousView`'s rule): across a gap nobody may have been able to
+    renew it (the API server down)."""
+    views = {n: lease_view(o, watch.lease_clock) for n, o in raw.items()}
+    since = kube.leases_watched_since(namespace)
+    if since is None:
+        return views
+    watched_for = timedelta(seconds=max(0.0, time.monotonic() - since))
+    return {
+        n: replace(v, unchanged_for=min(v.unchanged_for, watched_for)) for n, v in views.items()
+    }
 
 
 def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:

@@ -1,7 +1,8 @@
 """The operator's load on the API server does not grow with the cluster: with Nodes,
-node Leases and VolumeAttachments followed by watches (dedup_operator.cache), a
-reconcile pass makes the same requests with 3 nodes registered as with 50, none of them
-a cluster-wide list. Without the watches, every pass lists all three.
+node Leases, VolumeAttachments and the pipeline's pods, volume claims and Leases
+followed by watches (dedup_operator.cache), a reconcile pass makes the same requests
+with 3 nodes registered as with 50, and lists nothing. Without the watches, every pass
+lists all six.
 
 Requests are counted at the HTTP layer under the kubernetes client (the connection
 pool every call goes through), not by the operator's own code. Real kube-apiserver and
@@ -155,8 +156,12 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
 
     watching, pool = counted_kube(kube)
     heartbeats: set[str] = set()  # node Leases as the watch delivered them
+    partition_leases: set[str] = set()  # the pipeline's Leases as the watch delivered them
     watching.watch_cluster(
-        wait_s=30, on_heartbeat=lambda lease: heartbeats.add(lease["metadata"]["name"])
+        wait_s=30,
+        on_heartbeat=lambda lease: heartbeats.add(lease["metadata"]["name"]),
+        namespaces=[kube_namespace.name],
+        on_partition_lease=lambda lease: partition_leases.add(lease["metadata"]["name"]),
     )
     try:
         passes(watching)()
@@ -180,7 +185,16 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
     assert reads_few == reads_many, (reads_few, reads_many)
     for path in CLUSTER_WIDE:
         assert ("GET", path) not in reads_many, (path, reads_many)
-    assert sum(reads_many.values()) == sum(reads_few.values()) <= 4 * PASSES
+    ns = kube_namespace.name
+    for path in (
+        f"/api/v1/namespaces/{ns}/pods",
+        f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
+        f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+    ):  # the pipeline's own objects: watched too, so a pass lists nothing
+        assert listed[("GET", path)] == PASSES, (path, listed)
+        assert ("GET", path) not in reads_many, (path, reads_many)
+    assert partition_leases == {"events-p0", "events-p1"}
+    assert sum(reads_many.values()) == sum(reads_few.values()) <= PASSES  # the pipeline
 
 
 def test_a_standby_watches_the_leases_so_a_new_leader_judges_them_with_history(

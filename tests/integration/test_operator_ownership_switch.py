@@ -178,8 +178,13 @@ def test_an_ownership_off_pipeline_switches_in_one_step(
                 ]
                 for p in pods.items
             }
+            claims = {
+                c.metadata.name: (c.status.phase, c.spec.volume_name)
+                for c in client.CoreV1Api(api).list_namespaced_persistent_volume_claim(ns).items
+            }
             raise AssertionError(
-                f"{exc}\npods: {states}\n{get_pipeline(api, ns, 'legacy')}\n{op.log()[-6000:]}"
+                f"{exc}\npods: {states}\nclaims: {claims}\n"
+                f"{get_pipeline(api, ns, 'legacy')}\n{op.log()[-6000:]}"
             ) from None
 
         # every old worker was gone before any worker under ownership existed

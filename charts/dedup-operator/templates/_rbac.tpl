@@ -20,15 +20,17 @@ creator does not hold (escalation prevention), and the operator holds no escalat
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# worker pods: create, list, delete (force on failover); get/watch/patch/deletecollection
-# are granted on in the audit Role (the Spark driver manages its executor pods)
+# worker pods: create, list and watch (cache.py), delete (force on failover);
+# get/patch/deletecollection are granted on in the audit Role (the Spark driver manages
+# its executor pods)
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, deletecollection, patch]
-# the partitions' volumes: ensure, list, resize, drop the owner reference (retainOnDelete)
+# the partitions' volumes: ensure, list and watch (cache.py), resize, drop the owner
+# reference (retainOnDelete)
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, list, create, patch]
+  verbs: [get, list, watch, create, patch]
 # the workers' headless metrics Service; delete/deletecollection granted on (audit Role)
 - apiGroups: [""]
   resources: [services]
@@ -45,10 +47,11 @@ creator does not hold (escalation prevention), and the operator holds no escalat
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# the partitions' Leases: ensure, list; update/patch granted on (worker Role)
+# the partitions' Leases: ensure, list and watch (cache.py); update/patch granted on
+# (worker Role)
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, list, create, update, patch]
+  verbs: [get, list, watch, create, update, patch]
 # the workers' PodDisruptionBudget: ensure, keep its minAvailable in step (patch)
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]

@@ -25,6 +25,9 @@ DRIVER = "local.dedup.dev"
 STORAGE_CLASS = "dedup-local"
 FINALIZER = f"external-attacher/{DRIVER.replace('/', '-')}"
 log = logging.getLogger(__name__)
+# Every request of the attacher's one thread is bounded: a connection left half-open by
+# an API server restart must not stall provisioning and attaching for the rest of the run.
+TIMEOUT = (5.0, 30.0)
 
 
 def now() -> str:
@@ -97,43 +100,57 @@ class Attacher:
     def provision(self) -> None:
         core = client.CoreV1Api(self.api)
         claims = as_json(
-            core.list_persistent_volume_claim_for_all_namespaces(_preload_content=False)
+            core.list_persistent_volume_claim_for_all_namespaces(
+                _preload_content=False, _request_timeout=TIMEOUT
+            )
         )
         for pvc in claims["items"]:
             spec, meta = pvc["spec"], pvc["metadata"]
             if spec.get("storageClassName") != STORAGE_CLASS or spec.get("volumeName"):
                 continue
-            handle = f"pvc-{meta['uid']}"
-            (self.pool / handle).mkdir(parents=True, exist_ok=True)
-            pv = {
-                "metadata": {
-                    "name": handle,
-                    "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER},
-                },
-                "spec": {
-                    "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                    "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": STORAGE_CLASS,
-                    "volumeMode": spec.get("volumeMode", "Filesystem"),
-                    "claimRef": {
-                        "kind": "PersistentVolumeClaim",
-                        "apiVersion": "v1",
-                        "namespace": meta["namespace"],
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                    },
-                    "csi": {"driver": DRIVER, "volumeHandle": handle},
-                },
-            }
             try:
-                core.create_persistent_volume(pv)  # type: ignore[arg-type]
-                log.info("provisioned %s for %s/%s", handle, meta["namespace"], meta["name"])
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        # reclaimPolicy Delete: a released volume of ours goes, with its directory.
-        volumes = as_json(core.list_persistent_volume(_preload_content=False))
+                self._provision_one(core, pvc)
+            except Exception:  # one claim's failure must not hold up every other claim
+                log.exception("provisioning %s/%s failed", meta["namespace"], meta["name"])
+        self._reclaim(core)
+
+    def _provision_one(self, core: client.CoreV1Api, pvc: dict[str, Any]) -> None:
+        spec, meta = pvc["spec"], pvc["metadata"]
+        handle = f"pvc-{meta['uid']}"
+        (self.pool / handle).mkdir(parents=True, exist_ok=True)
+        pv = {
+            "metadata": {
+                "name": handle,
+                "annotations": {"pv.kubernetes.io/provisioned-by": DRIVER},
+            },
+            "spec": {
+                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": STORAGE_CLASS,
+                "volumeMode": spec.get("volumeMode", "Filesystem"),
+                "claimRef": {
+                    "kind": "PersistentVolumeClaim",
+                    "apiVersion": "v1",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+                "csi": {"driver": DRIVER, "volumeHandle": handle},
+            },
+        }
+        try:
+            core.create_persistent_volume(pv, _request_timeout=TIMEOUT)  # type: ignore[arg-type]
+            log.info("provisioned %s for %s/%s", handle, meta["namespace"], meta["name"])
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def _reclaim(self, core: client.CoreV1Api) -> None:
+        """reclaimPolicy Delete: a released volume of ours goes, with its directory."""
+        volumes = as_json(
+            core.list_persistent_volume(_preload_content=False, _request_timeout=TIMEOUT)
+        )
         for pv in volumes["items"]:
             csi = pv["spec"].get("csi") or {}
             released = (pv.get("status") or {}).get("phase") == "Released"
@@ -144,7 +161,7 @@ class Attacher:
             ):
                 shutil.rmtree(self.pool / csi["volumeHandle"], ignore_errors=True)
                 try:
-                    core.delete_persistent_volume(pv["metadata"]["name"])
+                    core.delete_persistent_volume(pv["metadata"]["name"], _request_timeout=TIMEOUT)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
@@ -154,7 +171,9 @@ class Attacher:
         storage = client.StorageV1Api(self.api)
         vas = [
             va
-            for va in as_json(storage.list_volume_attachment(_preload_content=False))["items"]
+            for va in as_json(
+                storage.list_volume_attachment(_preload_content=False, _request_timeout=TIMEOUT)
+            )["items"]
             if va["spec"]["attacher"] == DRIVER
         ]
         for va in vas:
@@ -173,6 +192,7 @@ class Attacher:
                             },
                             {"op": "replace", "path": "/metadata/finalizers", "value": rest},
                         ],
+                        _request_timeout=TIMEOUT,
                     )
                     log.info("detached %s from %s", meta["name"], va["spec"]["nodeName"])
                 continue
@@ -190,13 +210,18 @@ class Attacher:
                                 "attachError": {"message": message, "time": now()},
                             }
                         },
+                        _request_timeout=TIMEOUT,
                     )
                 continue
             if FINALIZER not in finalizers:
                 storage.patch_volume_attachment(
-                    meta["name"], {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
+                    meta["name"],
+                    {"metadata": {"finalizers": [*finalizers, FINALIZER]}},
+                    _request_timeout=TIMEOUT,
                 )
             storage.patch_volume_attachment_status(
-                meta["name"], {"status": {"attached": True, "attachError": None}}
+                meta["name"],
+                {"status": {"attached": True, "attachError": None}},
+                _request_timeout=TIMEOUT,
             )
             log.info("attached %s to %s", meta["name"], va["spec"]["nodeName"])

@@ -110,6 +110,9 @@ class FakeKube:
     def node_leases(self) -> dict[str, Any] | None:
         return None
 
+    def leases_watched_since(self, namespace: str) -> float | None:
+        return None
+
     def heartbeats_watched_since(self) -> float | None:
         return None
 
