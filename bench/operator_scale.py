@@ -215,7 +215,12 @@ def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> di
         if e.get("verb") == "patch" and ref(e).get("resource") == names.PLURAL and ref(e).get("subresource") == "status"
     )  # fmt: skip
     rounds = kubelets.step_seconds[rounds_before:]
+    by_resource = Counter(
+        f"{e.get('verb')} {ref(e).get('resource')}{'/' + ref(e)['subresource'] if ref(e).get('subresource') else ''}"
+        for e in events
+    )  # fmt: skip
     return {
+        "by_resource": {k: n / elapsed for k, n in by_resource.most_common(8)},
         "seconds": elapsed,
         "cpu_share": (cpu1 - cpu0) / elapsed,
         "rss_mib": peak_rss_mib(pid),  # its peak since it started
@@ -378,6 +383,11 @@ def main() -> int:
             f"peak RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
             f"status writes {s['status_writes_per_s']:.2f}/s; host CPU {s['host_cpu']:.0%}; simulation rounds "
             f"median {s['round_s'][0]:.2f}s max {s['round_s'][1]:.2f}s{' (SATURATED)' if saturated else ''}",
+            flush=True,
+        )
+        print(
+            "  requests by resource: "
+            + ", ".join(f"{k} {r:.2f}/s" for k, r in s["by_resource"].items()),
             flush=True,
         )
         node, crowd, took = crowded_node(admin, kubelets)

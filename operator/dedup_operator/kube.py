@@ -240,9 +240,16 @@ class Kube:
         self._may_act(f"create {body['kind']} {body['metadata']['name']}")
         kind, ns, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
         create, read = self._create_read(kind)
-        try:
-            read(name, ns)
+        watched = (
+            self._pipeline_watch(WRITTEN_THROUGH[kind], ns) if kind in WRITTEN_THROUGH else None
+        )
+        trusted, held = watched.get(f"{ns}/{name}") if watched is not None else (False, None)
+        if held is not None:
             return False
+        try:
+            if not trusted:  # a watched kind the watch says is absent: no read
+                read(name, ns)
+                return False
         except ApiException as exc:
             if not _absent(exc):
                 raise
