@@ -23,10 +23,15 @@ no /metrics is served, so the status counters stay empty):
 4. **A crowded node dies**: the node carrying the most pipelines' partitions stops
    (no heartbeats, its workers stop renewing); kill -> every replacement's first Lease
    renewal at its new epoch, min/median/max.
+5. **The leader dies**: a second replica has stood by since the start; the leader is
+   killed (SIGKILL) and, at the same moment, one worker pod is deleted (work for the
+   new leader); kill -> the standby's "became leader", kill -> its FailoverStarted for
+   that partition (it acts), and how many other handovers it began (spurious).
 
 Targets (issue 30): apply -> Ready within 1.5x the baseline; steady: no list calls from
 a pass, CPU <= 5% of a core, RSS <= 256 MiB at 1,000 partitions; crowded node: every
-replacement renewing <= 30 s after the kill.
+replacement renewing <= 30 s after the kill; leader kill: the new leader acting <= 2
+lease durations after the kill, 0 spurious handovers.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +57,14 @@ from dedup_contract.timefmt import parse_time
 from dedup_local.control_plane import ControlPlane
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
-from dedup_local.operator_process import running_operator
+from dedup_local.operator_process import OperatorProcess, running_operator
 from dedup_local.paths import REPO_ROOT
 
 NAMESPACE, BASELINE_NAMESPACE = "scale", "scale-baseline"
 OPERATOR_SA = "dedup-operator"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
 TARGET_APPLY_RATIO, TARGET_CPU, TARGET_RSS_MIB, TARGET_CROWDED_S = 1.5, 0.05, 256, 30.0
+LEADER_LEASE_S = 15  # the chart's default
 
 
 def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
@@ -289,6 +295,44 @@ def handover_steps(api: client.ApiClient) -> dict[str, float]:
     return dict(sorted(medians.items(), key=lambda kv: kv[1]))
 
 
+def leader_kill(
+    api: client.ApiClient, leader: OperatorProcess, standby: OperatorProcess, pipeline: str
+) -> tuple[float | None, float | None, list[str]]:
+    """Kill the leader and delete `pipeline`'s partition-0 worker pod at once: seconds
+    until the standby leads and until it begins that partition's handover (None: not
+    within 4 lease durations), and the other handovers it began."""
+    core: Any = client.CoreV1Api(api)
+    pods = core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"{names.LABEL_PIPELINE}={pipeline},{names.LABEL_PARTITION}=0"
+    ).items
+    killed_at = datetime.now(UTC)
+    leader.kill()
+    for pod in pods:
+        core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
+    target = f"{NAMESPACE}/{pipeline}"
+
+    def since_kill(record: dict[str, Any]) -> float:
+        at = parse_time(record.get("timestamp"))
+        return (at - killed_at).total_seconds() if at is not None else float("inf")
+
+    def acted() -> bool:
+        return any(
+            r.get("reason") == "FailoverStarted" and r.get("pipeline") == target
+            for r in standby.log_records()
+        )
+
+    deadline = time.monotonic() + 4 * LEADER_LEASE_S
+    while time.monotonic() < deadline and not acted():
+        time.sleep(0.5)
+    time.sleep(LEADER_LEASE_S)  # a spurious handover would begin within a duration
+    records = [r for r in standby.log_records() if since_kill(r) >= 0]
+    leads = next((since_kill(r) for r in records if r.get("message") == "became leader"), None)
+    begun = [r for r in records if r.get("reason") == "FailoverStarted"]
+    acts = next((since_kill(r) for r in begun if r.get("pipeline") == target), None)
+    spurious = [str(r.get("message")) for r in begun if r.get("pipeline") != target]
+    return leads, acts, spurious
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pipelines", type=int, default=100)
@@ -347,8 +391,20 @@ def main() -> int:
         )
         for name in pipelines:
             kubelets.create_volumes(name, args.partitions)
-        op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, args.operator_log or tmp / "operator.log", interval=5.0, extra=(
-            "--topic-check-interval", "30", "--leader-lease-duration", "15", "--status-counters-interval", "60")))  # fmt: skip
+        production = ("--topic-check-interval", "30", "--leader-lease-duration", str(LEADER_LEASE_S),
+                      "--status-counters-interval", "60")  # fmt: skip
+        op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, args.operator_log or tmp / "operator.log", interval=5.0, extra=production))  # fmt: skip
+        wait_until(
+            lambda: any(r.get("message") == "became leader" for r in op.log_records()),
+            60,
+            "the operator to lead",
+        )
+        standby_log = (
+            args.operator_log.with_suffix(".standby.log")
+            if args.operator_log
+            else tmp / "standby.log"
+        )
+        standby = stack.enter_context(running_operator(kubeconfig, NAMESPACE, standby_log, interval=5.0, extra=production))  # fmt: skip
         custom = client.CustomObjectsApi(admin)
         t0 = time.monotonic()
         for name in pipelines:
@@ -400,6 +456,13 @@ def main() -> int:
         wait_until(lambda: "ready" in handover_steps(admin), 60, "the handovers recorded")
         steps = ", ".join(f"{k} {v:.1f}" for k, v in handover_steps(admin).items())
         print(f"  handover steps, median seconds after the decision: {steps}", flush=True)
+        leads, acts, spurious = leader_kill(admin, op, standby, pipelines[0])
+        print(
+            f"leader killed: the standby leads after {leads if leads is None else round(leads, 1)}s, acts (a deleted "
+            f"worker's handover) after {acts if acts is None else round(acts, 1)}s (target <= {2 * LEADER_LEASE_S}s); "
+            f"spurious handovers {len(spurious)} (target 0){': ' + '; '.join(spurious[:3]) if spurious else ''}",
+            flush=True,
+        )
         if kubelets.errors:
             print(f"simulation errors: {kubelets.errors[:5]}", file=sys.stderr)
     label = f"{args.pipelines}x{args.partitions} on {args.nodes} nodes"
@@ -418,6 +481,11 @@ def main() -> int:
             f"operator_scale.crowded.{label}", "operator_scale.py",
             f"{label}: node with {len(took)} partitions of {crowd} pipelines: every replacement renewing by {took[-1]:.1f}s",
             f"<= 30 s: {bench_results.verdict(took[-1] <= TARGET_CROWDED_S)}",
+        ),
+        bench_results.Figure(
+            f"operator_scale.leader_kill.{label}", "operator_scale.py",
+            f"{label}: leader killed: acting after {'never' if acts is None else f'{acts:.1f}s'}, {len(spurious)} spurious handovers",
+            f"<= {2 * LEADER_LEASE_S} s, 0 spurious: {bench_results.verdict(acts is not None and acts <= 2 * LEADER_LEASE_S and not spurious)}",
         ),
     ]  # fmt: skip
     bench_results.record_figures(args, figures)

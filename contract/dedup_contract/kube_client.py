@@ -6,7 +6,8 @@ and the mounted token and CA); else, where the caller allows it, the default kub
 (KUBECONFIG, else ~/.kube/config). The client library re-reads a projected service
 account token, and refreshes a kubeconfig's expiring credentials, through the hook the
 loaders set on the client's configuration: each client gets its own configuration (the
-library's process-wide default is never set), so two clients never share one.
+library's process-wide default is never set), so two clients never share one (but a
+`sibling`, the same credentials behind another bucket, shares its parent's).
 
 **Request rate.** The Python client has no limiter of its own; client-go's clients
 have one (a token bucket per client; controller-runtime's default 20 requests/s, bursts
@@ -159,3 +160,10 @@ def api_client(
         # (counted, up to MAX_THROTTLED_RETRIES), not inside urllib3 as well
         configuration.retries = urllib3.Retry(3, respect_retry_after_header=False)
     return RateLimitedApiClient(configuration, RequestRate(qps, burst))
+
+
+def sibling(api: client.ApiClient, qps: float, burst: int) -> client.ApiClient:
+    """Another client on `api`'s configuration (the same credentials, refreshed alike)
+    with its own bucket, for requests that must not wait behind `api`'s (the leader
+    Lease's renewals) or should not hold them up (Events)."""
+    return RateLimitedApiClient(api.configuration, RequestRate(qps, burst))

@@ -18,12 +18,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from dedup_operator.event_poster import EventPoster
     from dedup_operator.kube import Kube
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CLUSTER = 3
+# Request buckets of their own, beside the passes' (kube_client: 20/s, bursts of 30): the
+# leader Lease's renewals (one per third of a duration) never wait behind a pass, and
+# the Events never hold a pass up.
+LEADER_QPS, LEADER_BURST = 5.0, 10
+EVENTS_QPS, EVENTS_BURST = 10.0, 25
 
 log = logging.getLogger("dedup_operator")
 
@@ -193,11 +199,13 @@ async def _run_operator(
             await runner.cleanup()
 
 
-def _export_client_counts(kube: Kube) -> None:
-    """The API client's 429 refusals and the watches' lists, read at each scrape."""
+def _export_client_counts(kube: Kube, events: EventPoster) -> None:
+    """The API client's 429 refusals, the watches' lists and the Events dropped, read at
+    each scrape."""
     from dedup_operator import operator_metrics
 
     operator_metrics.API_THROTTLED.set_function(lambda: getattr(kube.api, "throttled", 0))
+    operator_metrics.EVENTS_DROPPED.set_function(lambda: events.dropped)
     for kind in kube.watch_lists():
         operator_metrics.WATCH_LISTS.labels(kind).set_function(
             lambda kind=kind: kube.watch_lists().get(kind, 0)  # type: ignore[misc]
@@ -229,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_CLUSTER
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it
 
+    from dedup_contract import kube_client
     from dedup_operator import handlers
     from dedup_operator.kube import Kube
     from dedup_operator.settings import ReconcileSettings
@@ -247,7 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=[] if args.all_namespaces else namespaces,
         on_partition_lease=handlers.RUNTIME.lease_watch.observe_lease,
     )
-    _export_client_counts(kube)
+    # Events: posted by one thread through a bucket of their own, off the passes' path
+    events = kube.post_events_from_thread(kube_client.sibling(api, EVENTS_QPS, EVENTS_BURST))  # type: ignore[arg-type]
+    _export_client_counts(kube, events)
     handlers.RUNTIME.kube = kube
     handlers.RUNTIME.namespaces = () if args.all_namespaces else tuple(namespaces)
     identity = None
@@ -257,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         election_ns = args.leader_election_namespace or (namespaces[0] if namespaces else "default")
         identity = leader_identity()
         handlers.RUNTIME.leader = LeaderElection(
-            api,  # type: ignore[arg-type]
+            # its own bucket: a renewal never waits behind the passes' requests
+            kube_client.sibling(api, LEADER_QPS, LEADER_BURST),  # type: ignore[arg-type]
             election_ns,
             identity,
             args.leader_lease_duration,

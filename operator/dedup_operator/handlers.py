@@ -118,22 +118,35 @@ def reconcile_one(kube: Kube, namespace: str, name: str) -> Outcome | None:
     return outcome
 
 
-FOLLOW_UP_S = 1.0  # the shortest wait between two passes over one pipeline
+FOLLOW_UP_S = 1.0  # the shortest wait between two passes over one pipeline, except:
+STEP_FOLLOW_UP_S = 0.1  # after a pass that took a handover step, the next step at once
+STEPS_IN_A_ROW = 8  # ... this many times in a row at most (a step repeated, not moving)
+HANDOVER_STEPS: Final = frozenset(
+    {"WriteHandoverRecord", "FenceWorkerLease", "MarkOutOfService", "DeleteWorkers", "CreateWorker"}
+)
 NEXT_PASS_GONE: Final = frozenset({"gone", "deleting", "finalized"})
 """Outcomes after which a pipeline gets no next pass (listed again, it gets one)."""
 
 
-def next_pass_in(outcome: Outcome | None, interval_s: float, leading: bool) -> float | None:
+def next_pass_in(
+    outcome: Outcome | None, interval_s: float, leading: bool, steps_in_a_row: int = 0
+) -> float | None:
     """Seconds until a pipeline's next pass after `outcome` (None: no next pass): its
     `requeue_after` when this replica leads (a handover's next step, something due),
     never sooner than FOLLOW_UP_S nor later than the interval; the interval otherwise
-    (a standby watching, a pass that raised)."""
+    (a standby watching, a pass that raised). A pass that took a handover step is
+    followed at STEP_FOLLOW_UP_S (what it wrote is what the next step decides on), unless
+    `steps_in_a_row` passes before it already were."""
     if outcome is None or not leading:
         return interval_s
     if outcome.result in NEXT_PASS_GONE:
         return None
     due = outcome.requeue_after
-    return interval_s if due is None else max(FOLLOW_UP_S, min(interval_s, due))
+    if due is None:
+        return interval_s
+    if due == 0.0 and steps_in_a_row < STEPS_IN_A_ROW and HANDOVER_STEPS & set(outcome.actions):
+        return STEP_FOLLOW_UP_S
+    return max(FOLLOW_UP_S, min(interval_s, due))
 
 
 def run_pass(key: tuple[str, str]) -> float | None:
@@ -147,7 +160,12 @@ def run_pass(key: tuple[str, str]) -> float | None:
         log.exception("reconcile of %s/%s failed: %s", namespace, name, exc)
         return interval
     leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
-    return next_pass_in(outcome, interval, leading)
+    if outcome is None or outcome.result in NEXT_PASS_GONE:
+        return next_pass_in(outcome, interval, leading)
+    memory = RUNTIME.memories.of(namespace, name)
+    after = next_pass_in(outcome, interval, leading, memory.steps_in_a_row)
+    memory.steps_in_a_row = memory.steps_in_a_row + 1 if after == STEP_FOLLOW_UP_S else 0
+    return after
 
 
 def list_forever(scheduler: PassScheduler) -> None:
@@ -237,6 +255,8 @@ def stop_resync(**_: Any) -> None:
     RUNTIME.stop.set()
     if RUNTIME.scheduler is not None:
         RUNTIME.scheduler.stop()
+    if RUNTIME.kube is not None:
+        RUNTIME.kube.stop_posting_events()  # the last passes' Events, while still leader
     if RUNTIME.leader is not None:
         RUNTIME.leader.stop()
 

@@ -29,6 +29,7 @@ from dedup_operator.desired.scheduled_audit import (
     SPARK_OPERATOR_GROUP,
     SPARK_OPERATOR_VERSION,
 )
+from dedup_operator.event_poster import EventPoster
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 
 CONFLICT_RETRIES = 12  # a node's mark written by this many passes at once, at least
@@ -91,6 +92,7 @@ class Kube:
         # Nodes, node Leases, VolumeAttachments followed by watches once `watch_cluster()`
         # ran (dedup_operator.cache); each read falls back to a list while one is not synced.
         self._watched: dict[str, WatchedKind] = {}
+        self._events: EventPoster | None = None  # Events posted from a thread, once set
 
     def watch_cluster(
         self,
@@ -817,10 +819,28 @@ class Kube:
             "lastTimestamp": format_time(now),
             "count": 1,
         }
+        if self._events is not None:
+            self._events.submit(meta["namespace"], body)
+            return
         try:
             self.core.create_namespaced_event(meta["namespace"], body)  # type: ignore[arg-type]
         except ApiException as exc:  # an Event is worth a log line, not a failed pass
             log.warning("could not post event %s: %s", reason, exc.reason)
+
+    def post_events_from_thread(self, api: ApiClient) -> EventPoster:
+        """From now on `event` queues each Event for one thread that posts them through
+        `api` (a client with its own request bucket: `kube_client.sibling`)."""
+        core = client.CoreV1Api(api)
+        self._events = EventPoster(
+            lambda ns, body: core.create_namespaced_event(ns, body)  # type: ignore[arg-type]
+        ).start()
+        return self._events
+
+    def stop_posting_events(self) -> None:
+        """Post the queued Events (a few seconds at most), then post synchronously."""
+        events, self._events = self._events, None
+        if events is not None:
+            events.stop()
 
     def patch_status(
         self,

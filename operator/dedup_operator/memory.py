@@ -60,6 +60,7 @@ class PipelineMemory:
     # status that records it was not written: a pass abandoned on a Conflict)
     topic_told: str | None = None
     counters: ScrapedCounters | None = None  # the workers' counters, as last scraped
+    steps_in_a_row: int = 0  # passes in a row followed at once (handlers.next_pass_in)
 
     def meet(self, uid: str) -> None:
         """The pipeline as a pass reads it: a new one of the same name (another uid)

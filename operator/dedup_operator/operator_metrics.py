@@ -67,3 +67,8 @@ WATCH_LISTS = Gauge(
     "relist (after a 410 Gone, or a watch broken off)",
     ("kind",),
 )
+EVENTS_DROPPED = Gauge(
+    "dedup_operator_events_dropped",
+    "Events not posted since the operator started because 1,000 were already waiting "
+    "(each also logged as a warning)",
+)

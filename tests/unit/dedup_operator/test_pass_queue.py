@@ -10,7 +10,12 @@ from collections import Counter
 
 import pytest
 
-from dedup_operator.handlers import FOLLOW_UP_S, next_pass_in
+from dedup_operator.handlers import (
+    FOLLOW_UP_S,
+    STEP_FOLLOW_UP_S,
+    STEPS_IN_A_ROW,
+    next_pass_in,
+)
 from dedup_operator.pass_outcome import Outcome
 from dedup_operator.pass_queue import Key, PassQueue, PassScheduler
 
@@ -99,6 +104,16 @@ def test_next_pass_follows_requeue_after_within_follow_up_and_interval() -> None
     for gone in ("gone", "deleting", "finalized"):
         assert next_pass_in(outcome(gone, None), 5.0, True) is None
     assert next_pass_in(outcome("finalizing", 0.0), 5.0, True) == FOLLOW_UP_S
+
+
+def test_a_handover_step_is_followed_at_once_but_not_for_ever() -> None:
+    stepped = Outcome(("ns", "p"), "ok", ("WriteHandoverRecord", "Tell"), 0.0)
+    assert next_pass_in(stepped, 5.0, True) == STEP_FOLLOW_UP_S
+    assert next_pass_in(stepped, 5.0, True, STEPS_IN_A_ROW - 1) == STEP_FOLLOW_UP_S
+    assert next_pass_in(stepped, 5.0, True, STEPS_IN_A_ROW) == FOLLOW_UP_S  # not moving
+    told = Outcome(("ns", "p"), "ok", ("Tell",), 0.0)  # acted, but took no step
+    assert next_pass_in(told, 5.0, True) == FOLLOW_UP_S
+    assert next_pass_in(stepped, 5.0, False) == 5.0  # a standby takes no step
 
 
 def test_one_pipelines_follow_ups_do_not_make_another_pass_more_often() -> None:
