@@ -68,7 +68,8 @@ class WatchedKind:
     watch (see the module docstring).
 
     `list_call` is the generated client's list function (e.g. `CoreV1Api.list_node`,
-    or `list_namespaced_lease` with `namespace` given); `label_selector` narrows it;
+    or `list_namespaced_lease` with `namespace` given, or a custom objects' list with
+    its `args`); `label_selector` narrows it;
     `group(obj)` names the group `select` reads (None: in no group)."""
 
     def __init__(
@@ -81,10 +82,15 @@ class WatchedKind:
         label_selector: str | None = None,
         key: Callable[[Obj], str] = by_name,
         group: Callable[[Obj], Hashable | None] | None = None,
+        args: tuple[Any, ...] | None = None,
     ) -> None:
         self.what = what
         self._list = list_call
-        self._args: tuple[Any, ...] = (namespace,) if namespace is not None else ()
+        # the list call's positional arguments: `args` (a custom resource's group,
+        # version, [namespace,] plural), else the namespace, if any
+        self._args: tuple[Any, ...] = (
+            args if args is not None else (namespace,) if namespace is not None else ()
+        )
         self._selector: dict[str, str] = (
             {"label_selector": label_selector} if label_selector else {}
         )

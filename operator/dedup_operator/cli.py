@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between checks of the input topic",
     )
     p.add_argument(
+        "--ensure-interval",
+        type=float,
+        default=300.0,
+        help="seconds between checks that each pipeline's own objects (its workers' "
+        "ServiceAccount, Role, RoleBinding, Service and PodDisruptionBudget) exist; "
+        "always on a spec change and at start",
+    )
+    p.add_argument(
         "--metrics-port", type=int, default=8080, help="port of the operator's /metrics (0 = off)"
     )
     p.add_argument(
@@ -220,10 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.leader_lease_duration < 1
         or args.pass_threads < 1
         or args.status_counters_interval <= 0
+        or args.ensure_interval <= 0
     ):
         print(
             "dedup-operator: --interval, --topic-check-interval, --leader-lease-duration, "
-            "--pass-threads and --status-counters-interval must be positive",
+            "--pass-threads, --status-counters-interval and --ensure-interval must be "
+            "positive",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -278,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers.RUNTIME.settings = ReconcileSettings(
         interval_s=args.interval,
         topic_check_s=args.topic_check_interval,
+        ensure_s=args.ensure_interval,
         counters_s=args.status_counters_interval,
     )
     shared_port = args.metrics_port and args.metrics_port == args.health_port

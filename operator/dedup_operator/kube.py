@@ -161,6 +161,13 @@ class Kube:
                 on_lease,
             ),
         )
+        custom = self.custom
+        self._watched[_watched_key("pipelines", namespace)] = WatchedKind(
+            f"{names.PLURAL} in {namespace or 'every namespace'}",
+            custom.list_cluster_custom_object if every else custom.list_namespaced_custom_object,
+            args=(names.GROUP, names.VERSION, *([] if every else [namespace]), names.PLURAL),
+            key=by_namespace_and_name,
+        )
         for kind, list_call, selector, on_change in kinds:
             self._watched[_watched_key(kind, namespace)] = WatchedKind(
                 f"{kind} in {namespace or 'every namespace'}",
@@ -709,7 +716,7 @@ class Kube:
         self._may_act(f"set finalizer {finalizer}")
 
         def attempt() -> str | None:
-            body = self.pipeline(namespace, name)
+            body = self.pipeline(namespace, name, fresh=True)  # read: a retry must see more
             if body is None:
                 return None
             meta = body["metadata"]
@@ -728,6 +735,7 @@ class Kube:
                 {"metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": wanted}},
                 _content_type="application/merge-patch+json",
             )
+            self._wrote("pipelines", out)
             return str(out["metadata"]["resourceVersion"])
 
         try:
@@ -768,7 +776,14 @@ class Kube:
             name, namespace, {"spec": {"resources": {"requests": {"storage": size}}}}
         )
 
-    def pipeline(self, namespace: str, name: str) -> Obj | None:
+    def pipeline(self, namespace: str, name: str, fresh: bool = False) -> Obj | None:
+        """The pipeline from its watch; read when `fresh`, when the watch is not in sync,
+        or when it does not hold it (created a moment ago: only a read says it is gone)."""
+        watched = None if fresh else self._pipeline_watch("pipelines", namespace)
+        if watched is not None:
+            trusted, held = watched.get(f"{namespace}/{name}")
+            if trusted and held is not None:
+                return held
         try:
             found = self.custom.get_namespaced_custom_object(
                 names.GROUP, names.VERSION, namespace, names.PLURAL, name
@@ -781,7 +796,13 @@ class Kube:
         return found
 
     def pipelines(self, namespaces: Sequence[str]) -> list[Obj]:
-        """Every DedupPipeline in `namespaces` (all namespaces if empty)."""
+        """Every DedupPipeline in `namespaces` (all namespaces if empty): from the watches
+        when every one is in sync, else listed."""
+        scopes: list[str | None] = list(namespaces) or [None]
+        watches = [self._watched.get(_watched_key("pipelines", ns)) for ns in scopes]
+        held = [w.items() if w is not None else None for w in watches]
+        if all(h is not None for h in held):
+            return [o for h in held if h is not None for o in h.values()]
         if not namespaces:
             found: Any = self.custom.list_cluster_custom_object(
                 names.GROUP, names.VERSION, names.PLURAL
@@ -874,4 +895,5 @@ class Kube:
                     f"(resourceVersion {resource_version})"
                 ) from None
             raise
+        self._wrote("pipelines", out)
         return str(out["metadata"]["resourceVersion"])

@@ -757,8 +757,9 @@ def _complete(
 
 
 def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> list[PassAction]:
-    """The pipeline's own objects (on spec changes and every ensure_s) and a volume
-    claim per partition, grown when spec.storage.size grows (from the claims as read:
+    """The pipeline's own objects (on spec changes and every ensure_s; their Role's
+    rules and the budget's minAvailable written on spec changes and at the process's
+    first pass only, as they change with nothing else) and a volume claim per partition, grown when spec.storage.size grows (from the claims as read:
     the next pass sees those created here)."""
     spec, owner = obs.spec, obs.owner
     ensured = obs.recalled.ensured
@@ -766,8 +767,9 @@ def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> lis
     actions: list[PassAction] = []
     if changed or (ensured is not None and ensured[1] > settings.ensure_s):
         actions += [EnsureObject(o) for o in pipeline_objects(spec, owner)]
-        actions.append(ReplaceRoleRules(role(spec, owner)))
-        actions.append(ReplaceDisruptionBudget(disruption_budget(spec, owner)))
+        if changed:  # a spec change, or this process's first pass: writes, so not timed
+            actions.append(ReplaceRoleRules(role(spec, owner)))
+            actions.append(ReplaceDisruptionBudget(disruption_budget(spec, owner)))
         actions += _audit_schedule(obs, cleanup=changed)
         actions.append(RememberObjectsEnsured(obs.generation))
     for p in range(spec.partitions):

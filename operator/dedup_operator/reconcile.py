@@ -70,8 +70,9 @@ def reconcile(
 ) -> Outcome:
     """One pass over pipeline namespace/name. `memory` is the caller's, of this pipeline
     (passes over one pipeline never overlap: they hold its lock); `watch` the process's.
-    Each pass reads the pipeline afresh inside its turn: the handover records the
-    previous pass wrote are always seen."""
+    Each pass reads the pipeline inside its turn, from the watch, which holds the
+    operator's own status writes at once: the handover records the previous pass wrote
+    are always seen (a read older than the pipeline loses its write to a Conflict)."""
     key = (namespace, name)
     with memory.lock, operator_metrics.RECONCILE_SECONDS.time():
         body = kube.pipeline(namespace, name)

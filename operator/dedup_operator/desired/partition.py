@@ -10,6 +10,7 @@ is rolled one partition at a time.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from typing import Any
@@ -218,9 +219,22 @@ def worker_pod_template(spec: PipelineSpec, partition: int) -> dict[str, Any]:
 
 
 def template_hash(spec: PipelineSpec, partition: int) -> str:
-    """Hash of the worker pod template: differs iff the pod would differ."""
+    """Hash of the worker pod template: differs iff the pod would differ. Remembered per
+    (spec, partition): every pass compares each partition's pod with it, and building
+    and hashing the template costs ~0.1 ms (a spec is frozen: equal specs share it; one
+    holding the user's tolerations or affinity, dicts, is not hashable: computed)."""
+    try:
+        return _remembered_template_hash(spec, partition)
+    except TypeError:
+        return _template_hash(spec, partition)
+
+
+def _template_hash(spec: PipelineSpec, partition: int) -> str:
     text = json.dumps(worker_pod_template(spec, partition), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_remembered_template_hash = functools.lru_cache(maxsize=8192)(_template_hash)
 
 
 def worker_pod(

@@ -104,6 +104,7 @@ def test_next_pass_follows_requeue_after_within_follow_up_and_interval() -> None
     for gone in ("gone", "deleting", "finalized"):
         assert next_pass_in(outcome(gone, None), 5.0, True) is None
     assert next_pass_in(outcome("finalizing", 0.0), 5.0, True) == FOLLOW_UP_S
+    assert next_pass_in(outcome("conflict", None), 5.0, True) == FOLLOW_UP_S
 
 
 def test_a_handover_step_is_followed_at_once_but_not_for_ever() -> None:
