@@ -59,6 +59,8 @@ class Scenario:
     spark_cores: int = 400  # executors' cores for a reshard
     segment_keys: float = 60e9
     segment_tb: float = 1.5
+    operator_memory_limit_mib: float = 512.0  # the chart's resources.limits.memory
+    operator_cpu_budget: float = 0.5  # a share of a core the operator may take steadily
 
 
 def load_inputs(path: Path = INPUTS) -> dict[str, float]:
@@ -134,6 +136,35 @@ def plan(m: dict[str, float], s: Scenario) -> list[tuple[str, str, str]]:
     return rows
 
 
+def operator_plan(m: dict[str, float], s: Scenario) -> list[tuple[str, str, str]]:
+    """(quantity, value, how) rows of the operator's side: one replica acting for every
+    partition, its memory and CPU linear in the partitions through the two sizes
+    `bench/operator_scale.py` measured (100 and 1,000 partitions)."""
+    small, large = 100.0, 1000.0
+    mib_per = (m["operator_rss_mib_1000"] - m["operator_rss_mib_100"]) / (large - small)
+    mib_base = m["operator_rss_mib_100"] - mib_per * small
+    cpu_per = (m["operator_cpu_1000"] - m["operator_cpu_100"]) / (large - small)
+    cpu_base = m["operator_cpu_100"] - cpu_per * small
+    requests_per = m["operator_requests_per_s_1000"] / large
+    memory = mib_base + mib_per * s.partitions
+    cpu = cpu_base + cpu_per * s.partitions
+    by_memory = (s.operator_memory_limit_mib - mib_base) / mib_per if mib_per > 0 else math.inf
+    by_cpu = (s.operator_cpu_budget - cpu_base) / cpu_per if cpu_per > 0 else math.inf
+    most = math.floor(min(by_memory, by_cpu))
+    rows = [
+        ("operator memory (RSS)", f"{memory:,.0f} MiB",
+         f"{mib_base:,.0f} MiB + {mib_per * 1000:,.1f} MiB per 1,000 partitions"),
+        ("operator CPU, steady", f"{cpu:.1%} of a core",
+         f"{cpu_base:.1%} + {cpu_per * 1000:.1%} per 1,000 partitions"),
+        ("API requests, steady", f"{requests_per * s.partitions:,.2f}/s",
+         f"{requests_per * 1000:,.2f}/s per 1,000 partitions, every verb (watches, leader election); no lists, no status writes"),
+        ("partitions per operator replica", f"{most:,}",
+         f"within the chart's {s.operator_memory_limit_mib:.0f} MiB limit and {s.operator_cpu_budget:.0%} of a core: "
+         + ("memory binds" if by_memory < by_cpu else "CPU binds")),
+    ]  # fmt: skip
+    return rows
+
+
 def render(m: dict[str, float], s: Scenario) -> str:
     lines = [
         BEGIN,
@@ -144,6 +175,12 @@ def render(m: dict[str, float], s: Scenario) -> str:
         "| quantity | value | how |",
         "|---|---:|---|",
         *(f"| {q} | {v} | {h} |" for q, v, h in plan(m, s)),
+        "",
+        f"The operator (one acting replica) for the same {s.partitions:,} partitions:",
+        "",
+        "| quantity | value | how |",
+        "|---|---:|---|",
+        *(f"| {q} | {v} | {h} |" for q, v, h in operator_plan(m, s)),
         "",
         END,
     ]

@@ -65,6 +65,7 @@ OPERATOR_SA = "dedup-operator"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
 TARGET_APPLY_RATIO, TARGET_CPU, TARGET_RSS_MIB, TARGET_CROWDED_S = 1.5, 0.05, 256, 30.0
 LEADER_LEASE_S = 15  # the chart's default
+HEARTBEAT_S = 2.0  # each simulated node's status report (nodeLostAfter is 20 s)
 
 
 def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
@@ -376,7 +377,12 @@ def main() -> int:
         if not args.no_baseline:
             nodes = [f"base-{n}" for n in range(args.nodes)]
             with Kubelets(
-                admin, BASELINE_NAMESPACE, nodes, "dedup.io/bench-baseline", cpus=cpus
+                admin,
+                BASELINE_NAMESPACE,
+                nodes,
+                "dedup.io/bench-baseline",
+                cpus=cpus,
+                heartbeat_s=HEARTBEAT_S,
             ) as base:
                 for name in pipelines:
                     base.create_volumes(name, args.partitions)
@@ -387,7 +393,7 @@ def main() -> int:
             )
         nodes = [f"node-{n}" for n in range(args.nodes)]
         kubelets = stack.enter_context(
-            Kubelets(admin, NAMESPACE, nodes, "dedup.io/bench", cpus=cpus)
+            Kubelets(admin, NAMESPACE, nodes, "dedup.io/bench", cpus=cpus, heartbeat_s=HEARTBEAT_S)
         )
         for name in pipelines:
             kubelets.create_volumes(name, args.partitions)

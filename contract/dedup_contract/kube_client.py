@@ -35,6 +35,7 @@ from kubernetes import client, config
 
 DEFAULT_QPS: Final = 20.0
 DEFAULT_BURST: Final = 30
+POOL_SIZE: Final = 32
 
 
 class RequestRate:
@@ -153,6 +154,9 @@ def api_client(
             )
     if retries is not None:
         configuration.retries = retries
+    # kept connections per client: the operator holds one per watch (up to ten) and one
+    # per pass thread at once; urllib3's default of 10 discards (and warns) beyond that
+    configuration.connection_pool_maxsize = POOL_SIZE
     if qps is None:
         return client.ApiClient(configuration)
     if retries is None:

@@ -9,13 +9,17 @@ worker's own rule (take it iff ours, or free or seen unchanged for its duration 
 leaseTransitions below our epoch; `dedup_contract.lease_clock`). `taken` records when
 each Lease was first renewed at each epoch (a replacement's first renewal).
 
-It does not serve /metrics, and a step renews every Lease with one request each: at
-hundreds of workers a step takes seconds (`step_seconds` says how long).
+As the real parts do, each worker renews its Lease every third of its duration
+(`lease_clock.LeaseTiming`), one request each, and a node heartbeats every
+`heartbeat_s` (each step when 0, for the tests' 3-second timings); a step reads the pods
+and Leases as raw JSON, one list each. It does not serve /metrics. At a thousand workers
+a step still takes a while on two cores (`step_seconds` says how long).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from datetime import UTC, datetime
@@ -26,6 +30,11 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import lease_clock, names
 from dedup_contract.timefmt import format_micro_time, format_time, parse_time
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    """A list call's items as raw JSON (no client models: a step lists a thousand)."""
+    return list(json.loads(response.data).get("items") or [])
 
 
 def _now() -> str:
@@ -42,6 +51,7 @@ class Kubelets:
         nodes: list[str],
         label: str,
         cpus: int = 8,  # each node's capacity (a worker requests 500m by default)
+        heartbeat_s: float = 0.0,  # between a node's status reports (0: every step)
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.leases = client.CoordinationV1Api(api)
@@ -59,6 +69,9 @@ class Kubelets:
         # (Lease name, epoch) -> monotonic time of its first renewal at that epoch
         self.taken: dict[tuple[str, int], float] = {}
         self.step_seconds: list[float] = []  # how long each step took
+        self.heartbeat_s = heartbeat_s
+        self._reported: dict[str, float] = {}  # node -> monotonic time of its last report
+        self._renewed: dict[str, float] = {}  # pod -> monotonic time of its last renewal
 
     def create_volumes(self, pipeline: str, partitions: int) -> None:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
@@ -138,24 +151,31 @@ class Kubelets:
                     self.errors.append(f"{exc.status} {exc.reason}")
 
     def _step(self) -> None:
+        now = time.monotonic()
         for node in list(self.up):
-            self._report(node, True)
-        pods: list[Any] = self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
-        ).items
+            if now - self._reported.get(node, float("-inf")) >= self.heartbeat_s:
+                self._report(node, True)
+                self._reported[node] = now
+        pods = _items(
+            self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
+                _preload_content=False,
+            )
+        )
         # every Lease read at once (one request a step, not one a worker: hundreds of
         # simulated workers renew within a step)
-        listed: list[Any] = self.leases.list_namespaced_lease(self.namespace).items
-        leases = {lease.metadata.name: lease for lease in listed}
+        listed = _items(self.leases.list_namespaced_lease(self.namespace, _preload_content=False))
+        leases = {lease["metadata"]["name"]: lease for lease in listed}
         for pod in pods:
-            node = pod.spec.node_name
-            if node not in self.up:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            if (pod.get("spec") or {}).get("nodeName") not in self.up:
                 continue
-            name = pod.metadata.name
-            if pod.metadata.deletion_timestamp is not None:
+            name = meta["name"]
+            if meta.get("deletionTimestamp"):
                 self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
                 continue
-            if pod.status.phase != "Running":
+            if status.get("phase") != "Running":
                 self.core.patch_namespaced_pod_status(
                     name,
                     self.namespace,
@@ -170,44 +190,49 @@ class Kubelets:
                 )
             self._hold_lease(pod, leases)
 
-    def _hold_lease(self, pod: Any, leases: dict[str, Any]) -> None:
+    def _hold_lease(self, pod: dict[str, Any], leases: dict[str, Any]) -> None:
         """The worker's rule (docs/design.md, "The partition Lease";
         `dedup_contract.lease_clock`): take the Lease iff it is ours, or free or seen
-        unchanged for its duration with leaseTransitions < our epoch; then renew it."""
-        labels = pod.metadata.labels
+        unchanged for its duration with leaseTransitions < our epoch; renew it every
+        third of its duration."""
+        meta = pod["metadata"]
+        labels, name = meta["labels"], meta["name"]
         epoch = int(labels[names.LABEL_EPOCH])
         lease_name = names.lease(labels[names.LABEL_PIPELINE], int(labels[names.LABEL_PARTITION]))
         lease = leases.get(lease_name)
         if lease is None:  # created after this step's read: the next step
             return
-        spec = lease.spec
-        now = datetime.now(UTC)
-        renew = parse_time(spec.renew_time)
-        duration = spec.lease_duration_seconds or 0
-        stamp = lease_clock.LeaseStamp(spec.holder_identity, renew, lease.metadata.resource_version)
+        spec, version = lease.get("spec") or {}, lease["metadata"]["resourceVersion"]
+        holder = spec.get("holderIdentity") or None
+        renew = parse_time(spec.get("renewTime"))
+        duration = int(spec.get("leaseDurationSeconds") or 0)
+        stamp = lease_clock.LeaseStamp(holder, renew, version)
         expired = lease_clock.expired(
-            lease_clock.is_free(
-                spec.holder_identity, renew, parse_time(spec.acquire_time), duration
-            ),
-            self._seen.observe((pod.metadata.name, lease_name), stamp),
+            lease_clock.is_free(holder, renew, parse_time(spec.get("acquireTime")), duration),
+            self._seen.observe((name, lease_name), stamp),
             duration,
         )
-        ours = spec.holder_identity == pod.metadata.name
-        if not ours and not (expired and (spec.lease_transitions or 0) < epoch):
+        ours = holder == name
+        if not ours and not (expired and int(spec.get("leaseTransitions") or 0) < epoch):
             return
+        now = time.monotonic()
+        if ours and duration and now - self._renewed.get(name, float("-inf")) < duration / 3:
+            return  # renewed less than a third of a duration ago
+        wall = datetime.now(UTC)
         body = {
-            "metadata": {"resourceVersion": lease.metadata.resource_version},
+            "metadata": {"resourceVersion": version},
             "spec": {
-                "holderIdentity": pod.metadata.name,
+                "holderIdentity": name,
                 "leaseTransitions": epoch,
-                "renewTime": format_micro_time(now),
-                "leaseDurationSeconds": spec.lease_duration_seconds,
+                "renewTime": format_micro_time(wall),
+                "leaseDurationSeconds": spec.get("leaseDurationSeconds"),
             },
         }
         if not ours:
-            body["spec"]["acquireTime"] = format_micro_time(now)
+            body["spec"]["acquireTime"] = format_micro_time(wall)
         self.leases.patch_namespaced_lease(lease_name, self.namespace, body)
-        self.taken.setdefault((lease_name, epoch), time.monotonic())
+        self._renewed[name] = now
+        self.taken.setdefault((lease_name, epoch), now)
 
     def __enter__(self) -> Kubelets:
         self.create_nodes()

@@ -66,3 +66,23 @@ def test_plan_figures_worked_by_hand() -> None:
     assert rows["input per partition at peak"] == "1,157 records/s"
     # 1e9 records / (100k x 10 cores) = 1,000 s
     assert rows["reshard: Spark scan of the window's output"] == "0.3 h on 10 cores"
+
+
+def test_operator_plan_figures_worked_by_hand() -> None:
+    measured = {
+        "operator_rss_mib_100": 110.0,  # 100 MiB + 0.1 MiB per partition
+        "operator_rss_mib_1000": 200.0,
+        "operator_cpu_100": 0.02,  # 1% + 0.01% per partition
+        "operator_cpu_1000": 0.11,
+        "operator_requests_per_s_1000": 5.0,
+    }
+    scenario = capacity.Scenario(
+        partitions=2000, operator_memory_limit_mib=400.0, operator_cpu_budget=0.5
+    )
+    rows = {q: (v, h) for q, v, h in capacity.operator_plan(measured, scenario)}
+    assert rows["operator memory (RSS)"][0] == "300 MiB"  # 100 + 0.1 x 2,000
+    assert rows["operator CPU, steady"][0] == "21.0% of a core"  # 1% + 0.01% x 2,000
+    assert rows["API requests, steady"][0] == "10.00/s"
+    # memory: (400 - 100) / 0.1 = 3,000; CPU: (0.5 - 0.01) / 0.0001 = 4,900
+    assert rows["partitions per operator replica"][0] == "3,000"
+    assert "memory binds" in rows["partitions per operator replica"][1]
