@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -30,6 +30,8 @@ from dedup_operator.topics import TopicCheck
 # a heartbeat is never older than the view (after a control-plane outage no node is to
 # blame for the renewals nobody could write).
 HEARTBEAT_GAP_S = 15.0
+NODE_VIEWS_S = 0.25  # how long the nodes as judged serve the passes: a node-loss judgement
+# (nodeLostAfter, 20 s by default) is at most this late
 
 # (the spec fields the check depends on, monotonic time of the check, the check)
 TopicMemory = tuple[tuple[Any, ...], float, TopicCheck]
@@ -97,11 +99,29 @@ class PipelineMemories:
 
 
 class LeaseWatch:
-    """This process's Lease clock and unbroken view of the node heartbeats."""
+    """This process's Lease clock and unbroken view of the node heartbeats, and the
+    nodes as last judged (`node_views`: shared by the passes of every pipeline)."""
 
     def __init__(self) -> None:
         self.lease_clock = LeaseClock()
         self.heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
+        self._lock = threading.Lock()
+        # nodeLostAfter -> (monotonic time judged, the node views)
+        self._node_views: dict[timedelta, tuple[float, dict[str, Any]]] = {}
+
+    def node_views(
+        self, lost_after: timedelta, judge: Callable[[], dict[str, Any]], now: float
+    ) -> dict[str, Any]:
+        """The nodes judged by `judge()` for `lost_after`, or as judged less than
+        NODE_VIEWS_S ago (a pass of each of a hundred pipelines every few seconds would
+        otherwise judge every node each time); a copy the caller may change."""
+        with self._lock:
+            held = self._node_views.get(lost_after)
+        if held is None or now - held[0] >= NODE_VIEWS_S:
+            held = (now, judge())
+            with self._lock:
+                self._node_views[lost_after] = held
+        return dict(held[1])
 
     def observe_lease(self, lease: Mapping[str, Any]) -> None:
         """A node heartbeat or partition Lease as the watch delivers it: its renewal noted

@@ -133,7 +133,15 @@ def _partition_leases(
 
 def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
     """Every Node with its heartbeat Lease (None: unreadable, the Ready condition
-    decides), judged lost after the pipeline's nodeLostAfter."""
+    decides), judged lost after the pipeline's nodeLostAfter (as judged for any pipeline
+    of that nodeLostAfter in the last `memory.NODE_VIEWS_S`)."""
+    lost_after = spec.failover.node_lost_after
+    return watch.node_views(
+        lost_after, lambda: _judge_nodes(kube, lost_after, watch), time.monotonic()
+    )
+
+
+def _judge_nodes(kube: Kube, lost_after: timedelta, watch: LeaseWatch) -> dict[str, NodeView]:
     heartbeats = kube.node_leases()
     watched_for = None
     if heartbeats is not None:
@@ -143,7 +151,7 @@ def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeV
             o,
             None if heartbeats is None else heartbeats.get(o["metadata"]["name"]),
             watch.lease_clock,
-            spec.failover.node_lost_after,
+            lost_after,
             watched_for,
         )
         for o in kube.nodes()

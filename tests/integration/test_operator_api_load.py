@@ -26,7 +26,7 @@ from kubernetes.client import ApiClient
 from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
 from dedup_operator.kube import Kube
-from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.memory import NODE_VIEWS_S, LeaseWatch, PipelineMemory
 from dedup_operator.reconcile import reconcile
 from dedup_operator.settings import ReconcileSettings
 from support import pipelines
@@ -136,6 +136,7 @@ def test_requests_per_pass_do_not_grow_with_the_nodes(
     def passes(kube_client: Kube) -> Callable[[], None]:
         def run() -> None:
             for _ in range(PASSES):
+                time.sleep(NODE_VIEWS_S)  # each pass judges the nodes afresh
                 reconcile(
                     kube_client,
                     kube_namespace.name,
