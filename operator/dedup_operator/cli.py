@@ -258,9 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER
     kube = Kube(api)  # type: ignore[arg-type]
-    # Nodes, node Leases, VolumeAttachments and the pipelines' worker pods, volume claims
-    # and partition Leases: watched, not listed per pass; each Lease renewal noted as it
-    # happens
+    # Nodes, node Leases, VolumeAttachments, the DedupPipelines and their worker pods,
+    # volume claims and partition Leases: watched, not listed per pass; each Lease
+    # renewal noted as it happens
     kube.watch_cluster(
         on_heartbeat=handlers.RUNTIME.lease_watch.observe_lease,
         namespaces=[] if args.all_namespaces else namespaces,

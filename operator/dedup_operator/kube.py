@@ -89,7 +89,8 @@ class Kube:
         self._crds: dict[str, tuple[float, bool]] = {}  # name -> (monotonic time, found)
         self._node_leases_denied_until = 0.0  # monotonic: node Leases refused until then
         self._acting = threading.local()  # per thread: the leadership check of its pass
-        # Nodes, node Leases, VolumeAttachments followed by watches once `watch_cluster()`
+        # Nodes, node Leases, VolumeAttachments (and the pipelines with their worker pods,
+        # volume claims and partition Leases) followed by watches once `watch_cluster()`
         # ran (dedup_operator.cache); each read falls back to a list while one is not synced.
         self._watched: dict[str, WatchedKind] = {}
         self._events: EventPoster | None = None  # Events posted from a thread, once set
@@ -103,8 +104,8 @@ class Kube:
     ) -> None:
         """Follow by watch from now on, so that a pass reads them from memory (its
         requests do not grow with the cluster): Nodes, node Leases and VolumeAttachments;
-        with `namespaces` (empty: every namespace) also the pipelines' worker pods,
-        volume claims and partition Leases there. `on_heartbeat(lease)` and
+        with `namespaces` (empty: every namespace) also the DedupPipelines and their
+        worker pods, volume claims and partition Leases there. `on_heartbeat(lease)` and
         `on_partition_lease(lease)` are called as each Lease is renewed. Waits up to
         `wait_s` for the first lists; the operator does not wait (a pass lists directly
         until then, and a slow start would delay its leader election)."""
@@ -134,8 +135,8 @@ class Kube:
     def _watch_pipelines(
         self, namespace: str | None, on_lease: Callable[[Obj], None] | None
     ) -> None:
-        """Worker pods, volume claims and partition Leases in `namespace` (None: all),
-        grouped by (namespace, pipeline)."""
+        """The DedupPipelines, and their worker pods, volume claims and partition Leases
+        grouped by (namespace, pipeline), in `namespace` (None: every namespace)."""
         every = namespace is None
         kinds = (
             (
