@@ -154,10 +154,13 @@ class WatchedKind:
         return True
 
     def _drop(self, obj: Obj) -> None:
+        """A deletion, unless what is held is later (made again since, by the operator)."""
         key = self._key(obj)
-        held = self._items.pop(key, None)
-        if held is not None:
-            self._ungroup(key, held)
+        held = self._items.get(key)
+        if held is None or newer(held, obj):
+            return
+        del self._items[key]
+        self._ungroup(key, held)
 
     def _ungroup(self, key: str, held: Obj) -> None:
         if self._group is None:

@@ -172,3 +172,25 @@ def test_resource_versions_compare_as_numbers_and_otherwise_the_incoming_wins() 
     assert not newer(at("7"), at("7"))
     assert not newer(at("x1"), at("1"))
     assert not newer(at(""), at("1"))
+
+
+def test_a_deletion_does_not_undo_an_object_made_again_since() -> None:
+    server = ScriptedServer(
+        [lease("ns", "a-p0", "a", 5)],
+        [("DELETED", lease("ns", "a-p0", "a", 20)), ("ADDED", lease("ns", "a-p1", "a", 40))],
+    )
+    kind = watched(server)
+    kind.start()
+    try:
+        assert kind.wait_synced(5)
+        kind.wrote(lease("ns", "a-p0", "a", 30, holder="again"))  # made again by the operator
+        server.before_events.set()
+        assert server.streamed.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "a-p1" not in (kind.select(("ns", "a")) or {}):
+            time.sleep(0.01)
+        held = kind.select(("ns", "a")) or {}
+        assert sorted(held) == ["a-p0", "a-p1"]
+        assert held["a-p0"]["spec"]["holderIdentity"] == "again"
+    finally:
+        kind.stop()
