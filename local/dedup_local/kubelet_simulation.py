@@ -216,8 +216,10 @@ class Kubelets:
         if not ours and not (expired and int(spec.get("leaseTransitions") or 0) < epoch):
             return
         now = time.monotonic()
-        if ours and duration and now - self._renewed.get(name, float("-inf")) < duration / 3:
-            return  # renewed less than a third of a duration ago
+        if ours and duration >= 1:
+            every = lease_clock.LeaseTiming.for_duration(duration).renew_every_s
+            if now - self._renewed.get(name, float("-inf")) < every:
+                return  # renewed less than a renew interval ago
         wall = datetime.now(UTC)
         body = {
             "metadata": {"resourceVersion": version},

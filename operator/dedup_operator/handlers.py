@@ -135,9 +135,9 @@ def next_pass_in(
     `requeue_after` when this replica leads (a handover's next step, something due),
     never sooner than FOLLOW_UP_S nor later than the interval; the interval otherwise
     (a standby watching, a pass that raised); FOLLOW_UP_S after a pass that lost its
-    write to a Conflict (its read was older than the pipeline). A pass that took a handover step is
-    followed at STEP_FOLLOW_UP_S (what it wrote is what the next step decides on), unless
-    `steps_in_a_row` passes before it already were."""
+    write to a Conflict (its read was older than the pipeline). A pass that took a
+    handover step is followed at STEP_FOLLOW_UP_S (what it wrote is what the next step
+    decides on), unless `steps_in_a_row` passes before it already were."""
     if outcome is None or not leading:
         return interval_s
     if outcome.result in NEXT_PASS_GONE:

@@ -190,6 +190,12 @@ class Kube:
         watched = self._pipeline_watch(kind, namespace)
         return watched.select((namespace, pipeline)) if watched is not None else None
 
+    def _held(self, kind: str, namespace: str, name: str) -> tuple[bool, Obj | None]:
+        """(the watch of `kind` is in sync, the object it holds or None); (False, None)
+        when the kind is not watched there."""
+        watched = self._pipeline_watch(kind, namespace)
+        return watched.get(f"{namespace}/{name}") if watched is not None else (False, None)
+
     def _wrote(self, kind: str, obj: Any) -> None:
         """Hold what the operator just wrote in the watch that follows it (if any)."""
         data = obj if isinstance(obj, dict) else self._json(obj)
@@ -250,10 +256,11 @@ class Kube:
         self._may_act(f"create {body['kind']} {body['metadata']['name']}")
         kind, ns, name = body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]
         create, read = self._create_read(kind)
-        watched = (
-            self._pipeline_watch(WRITTEN_THROUGH[kind], ns) if kind in WRITTEN_THROUGH else None
+        trusted, held = (
+            self._held(WRITTEN_THROUGH[kind], ns, name)
+            if kind in WRITTEN_THROUGH
+            else (False, None)
         )
-        trusted, held = watched.get(f"{ns}/{name}") if watched is not None else (False, None)
         if held is not None:
             return False
         try:
@@ -690,11 +697,9 @@ class Kube:
         return [self._json(p) for p in found.items]
 
     def lease(self, namespace: str, name: str) -> Obj | None:
-        watched = self._pipeline_watch("leases", namespace)
-        if watched is not None:
-            trusted, held = watched.get(f"{namespace}/{name}")
-            if trusted:
-                return held
+        trusted, held = self._held("leases", namespace, name)
+        if trusted:
+            return held
         try:
             return self._json(self.coordination.read_namespaced_lease(name, namespace))
         except ApiException as exc:
@@ -780,11 +785,9 @@ class Kube:
     def pipeline(self, namespace: str, name: str, fresh: bool = False) -> Obj | None:
         """The pipeline from its watch; read when `fresh`, when the watch is not in sync,
         or when it does not hold it (created a moment ago: only a read says it is gone)."""
-        watched = None if fresh else self._pipeline_watch("pipelines", namespace)
-        if watched is not None:
-            trusted, held = watched.get(f"{namespace}/{name}")
-            if trusted and held is not None:
-                return held
+        trusted, held = (False, None) if fresh else self._held("pipelines", namespace, name)
+        if trusted and held is not None:
+            return held
         try:
             found = self.custom.get_namespaced_custom_object(
                 names.GROUP, names.VERSION, namespace, names.PLURAL, name

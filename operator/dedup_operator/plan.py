@@ -759,8 +759,9 @@ def _complete(
 def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> list[PassAction]:
     """The pipeline's own objects (on spec changes and every ensure_s; their Role's
     rules and the budget's minAvailable written on spec changes and at the process's
-    first pass only, as they change with nothing else) and a volume claim per partition, grown when spec.storage.size grows (from the claims as read:
-    the next pass sees those created here)."""
+    first pass only, as they change with nothing else) and a volume claim per
+    partition, grown when spec.storage.size grows (from the claims as read: the next
+    pass sees those created here)."""
     spec, owner = obs.spec, obs.owner
     ensured = obs.recalled.ensured
     changed = ensured is None or ensured[0] != obs.generation

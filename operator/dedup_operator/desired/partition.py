@@ -10,9 +10,9 @@ is rolled one partition at a time.
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
+from collections.abc import Hashable
 from typing import Any
 
 from dedup_contract import names
@@ -224,25 +224,22 @@ def template_hash(spec: PipelineSpec, partition: int) -> str:
     and hashing the template costs ~0.13 ms (a spec is frozen: equal specs share it; one
     holding the user's node selector, tolerations or affinity, dicts, is not hashable:
     remembered by its repr instead, ~0.02 ms)."""
+    key: tuple[Hashable, int] = (spec, partition)
     try:
-        return _remembered_template_hash(spec, partition)
+        found = _remembered.get(key)
     except TypeError:
         key = (repr(spec), partition)
-        found = _by_repr.get(key)
-        if found is None:
-            if len(_by_repr) >= 8192:
-                _by_repr.clear()
-            found = _by_repr[key] = _template_hash(spec, partition)
-        return found
+        found = _remembered.get(key)
+    if found is None:
+        if len(_remembered) >= REMEMBERED_HASHES:
+            _remembered.clear()
+        text = json.dumps(worker_pod_template(spec, partition), sort_keys=True)
+        found = _remembered[key] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return found
 
 
-def _template_hash(spec: PipelineSpec, partition: int) -> str:
-    text = json.dumps(worker_pod_template(spec, partition), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-_remembered_template_hash = functools.lru_cache(maxsize=8192)(_template_hash)
-_by_repr: dict[tuple[str, int], str] = {}
+REMEMBERED_HASHES = 8192
+_remembered: dict[tuple[Hashable, int], str] = {}
 
 
 def worker_pod(
