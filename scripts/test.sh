@@ -49,5 +49,10 @@ for group in "${groups[@]}"; do
   if [[ "$rc" != 0 && "$rc" != 5 ]]; then status=1; fi
 done
 log "all tests finished in $(( $(date +%s) - start ))s"
+# The failures again, by name and first reason, where the end of a long log is all a
+# CI page shows (the "short test summary info" lines of each group, pytest -ra).
+for group in "${groups[@]}"; do
+  grep -E '^(FAILED|ERROR) ' "$results/$group.log" 2>/dev/null | sed "s/^/[$group] /" || true
+done
 echo "integration: $passed passed, $failed failed, $skipped skipped"
 exit "$status"

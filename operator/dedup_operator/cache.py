@@ -43,6 +43,7 @@ WATCH_S = 60  # the server ends each watch after this; the thread watches again
 READ_TIMEOUT_S = 90.0  # a watch silent this long is a hung connection
 STALE_S = 120.0  # nothing heard this long: not trusted (WATCH_S plus margin)
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+SYNCED = "SYNCED"  # `on_event` after a list: what happened before it is not known
 DENIED_S = 300.0  # a kind not granted is asked again this rarely
 
 
@@ -83,6 +84,7 @@ class WatchedKind:
         key: Callable[[Obj], str] = by_name,
         group: Callable[[Obj], Hashable | None] | None = None,
         args: tuple[Any, ...] | None = None,
+        on_event: Callable[[str, Obj | None, Obj | None], None] | None = None,
     ) -> None:
         self.what = what
         self._list = list_call
@@ -109,6 +111,10 @@ class WatchedKind:
         # called with each object as it is listed, added or modified (in this thread):
         # e.g. the Lease clock sees a node's renewal when it happens, not at the next pass
         self._on_change = on_change
+        # called (in this thread) with each watch event taken: its type (ADDED, MODIFIED,
+        # DELETED), what was held before (None: nothing) and the object; and with SYNCED
+        # after each list (what happened before it is not known): what wakes a pass
+        self._on_event = on_event
 
     # ----------------------------------------------------------------- readers
     def _trusted(self) -> bool:  # with the lock held
@@ -153,14 +159,16 @@ class WatchedKind:
                 self._groups.setdefault(group, set()).add(key)
         return True
 
-    def _drop(self, obj: Obj) -> None:
-        """A deletion, unless what is held is later (made again since, by the operator)."""
+    def _drop(self, obj: Obj) -> bool:
+        """A deletion, unless what is held is later (made again since, by the operator);
+        True if dropped."""
         key = self._key(obj)
         held = self._items.get(key)
         if held is None or newer(held, obj):
-            return
+            return False
         del self._items[key]
         self._ungroup(key, held)
+        return True
 
     def _ungroup(self, key: str, held: Obj) -> None:
         if self._group is None:
@@ -239,6 +247,14 @@ class WatchedKind:
         except Exception as exc:  # the callback's problem must not break the watch
             log.warning("watching %s: on_change: %s: %s", self.what, type(exc).__name__, exc)
 
+    def _event(self, event: str, held: Obj | None, obj: Obj | None) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event, held, obj)
+        except Exception as exc:  # the callback's problem must not break the watch
+            log.warning("watching %s: on_event: %s: %s", self.what, type(exc).__name__, exc)
+
     def _relist(self) -> str:
         response = self._list(
             *self._args, **self._selector, _preload_content=False, _request_timeout=30
@@ -256,6 +272,7 @@ class WatchedKind:
                 self._put(obj)
             self._synced, self._heard = True, now
             self.lists += 1
+        self._event(SYNCED, None, None)
         return str(body["metadata"]["resourceVersion"])
 
     def _follow(self, version: str) -> str:
@@ -283,15 +300,20 @@ class WatchedKind:
                 if kind == "ERROR":
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
                 version = str(obj["metadata"]["resourceVersion"])
-                taken = False
+                taken, held = False, None
                 with self._lock:
                     self._heard = self._monotonic()
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        held = self._items.get(self._key(obj))
                     if kind in ("ADDED", "MODIFIED"):
                         taken = self._put(obj)
                     elif kind == "DELETED":
-                        self._drop(obj)
-                if taken:
+                        taken = self._drop(obj)
+                if taken and kind != "DELETED":
                     self._changed(obj)
+                echo = held is not None and kind != "DELETED" and not newer(obj, held)
+                if taken and not echo:  # (an echo: the operator's own write, held already)
+                    self._event(kind, held, obj)
         finally:
             response.close()
             response.release_conn()

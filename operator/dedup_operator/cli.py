@@ -66,7 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval",
         type=float,
         default=5.0,
-        help="seconds between reconcile passes of each pipeline",
+        help="seconds between reconcile passes of a pipeline with something pending (a "
+        "handover, a worker starting, a volume detaching)",
+    )
+    p.add_argument(
+        "--resync-interval",
+        type=float,
+        default=30.0,
+        help="seconds between passes of a pipeline at rest (nothing pending; never more "
+        "than the topic check's and the counters' intervals); a change of its pods, "
+        "volume claims, Leases' holders, nodes or spec, or a node of its workers falling "
+        "silent, calls for a pass at once",
     )
     p.add_argument(
         "--status-counters-interval",
@@ -229,11 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.pass_threads < 1
         or args.status_counters_interval <= 0
         or args.ensure_interval <= 0
+        or args.resync_interval <= 0
     ):
         print(
-            "dedup-operator: --interval, --topic-check-interval, --leader-lease-duration, "
-            "--pass-threads, --status-counters-interval and --ensure-interval must be "
-            "positive",
+            "dedup-operator: --interval, --resync-interval, --topic-check-interval, "
+            "--leader-lease-duration, --pass-threads, --status-counters-interval and "
+            "--ensure-interval must be positive",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -260,11 +271,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube = Kube(api)  # type: ignore[arg-type]
     # Nodes, node Leases, VolumeAttachments, the DedupPipelines and their worker pods,
     # volume claims and partition Leases: watched, not listed per pass; each Lease
-    # renewal noted as it happens
+    # renewal noted as it happens; each change calls for the passes it concerns
     kube.watch_cluster(
         on_heartbeat=handlers.RUNTIME.lease_watch.observe_lease,
         namespaces=[] if args.all_namespaces else namespaces,
         on_partition_lease=handlers.RUNTIME.lease_watch.observe_lease,
+        on_event=handlers.on_watch_event,
     )
     # Events: posted by one thread through a bucket of their own, off the passes' path
     events = kube.post_events_from_thread(kube_client.sibling(api, EVENTS_QPS, EVENTS_BURST))  # type: ignore[arg-type]
@@ -290,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         topic_check_s=args.topic_check_interval,
         ensure_s=args.ensure_interval,
         counters_s=args.status_counters_interval,
+        resync_s=args.resync_interval,
     )
     shared_port = args.metrics_port and args.metrics_port == args.health_port
     if args.metrics_port and not shared_port:
@@ -303,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "namespaces": "*" if clusterwide else ",".join(namespaces),
             "identity": identity,
             "interval_s": args.interval,
+            "resync_s": args.resync_interval,
             "pass_threads": args.pass_threads,
             "metrics_port": args.metrics_port,
             "health_port": args.health_port,

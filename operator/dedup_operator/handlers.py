@@ -1,12 +1,14 @@
 """kopf handlers: thin; every one of them runs the same idempotent `reconcile` pass.
 
 - create / resume / update (spec): a pass at once;
-- a pass scheduler (`pass_queue`): each pipeline's own next pass, every `--interval`
-  seconds or sooner when its pass asks (a handover's next step), on `--pass-threads`
-  threads, one pass at a time per pipeline (its memory's lock, kopf's passes included);
-  a thread lists the pipelines each interval and keeps the scheduler's set to them
-  (failover is level-based: lost nodes, expired Leases and detached volumes are noticed
-  by looking). Not kopf daemons or timers: those put a finalizer on every pipeline;
+- a pass scheduler (`pass_queue`): each pipeline's own next pass, on `--pass-threads`
+  threads, one pass at a time per pipeline (its memory's lock, kopf's passes included):
+  every `--interval` seconds or sooner when its pass asks (a handover's next step); a
+  pipeline at rest (nothing pending) at the resync (`--resync-interval`), or at once
+  when something it reads changes or a node of its workers falls silent
+  (`dedup_operator.wakeups`, fed by the watches' events; a timer thread asks it for the
+  silent nodes). A thread lists the pipelines each interval and keeps the scheduler's
+  set to them. Not kopf daemons or timers: those put a finalizer on every pipeline;
 - delete: for pipelines that keep their volumes (`storage.retainOnDelete`, the
   default), kopf's finalizer `dedup.io/retain-volumes`: the PVCs lose their owner
   reference before the garbage collector runs, so only they survive. A pipeline that
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,7 +35,8 @@ import kopf
 from kubernetes.client import ApiClient
 
 from dedup_contract import names
-from dedup_operator import events
+from dedup_operator import events, operator_metrics
+from dedup_operator.cache import SYNCED
 from dedup_operator.executor import Recorder
 from dedup_operator.kube import Kube, api_client
 from dedup_operator.leader import LeaderElection
@@ -41,6 +45,7 @@ from dedup_operator.pass_outcome import Outcome
 from dedup_operator.pass_queue import PassScheduler
 from dedup_operator.reconcile import OUR_FINALIZERS, reconcile, watch_leases
 from dedup_operator.settings import ReconcileSettings
+from dedup_operator.wakeups import Obj, Wakeups
 
 log = logging.getLogger("dedup_operator")
 
@@ -59,6 +64,8 @@ class Runtime:
     lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
     pass_threads: int = 4  # passes over different pipelines at once
     scheduler: PassScheduler | None = None  # set by `configure`
+    wakeups: Wakeups = field(default_factory=Wakeups)  # guarded by `wakeups_lock`
+    wakeups_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 RUNTIME = Runtime()
@@ -129,15 +136,21 @@ NEXT_PASS_GONE: Final = frozenset({"gone", "deleting", "finalized"})
 
 
 def next_pass_in(
-    outcome: Outcome | None, interval_s: float, leading: bool, steps_in_a_row: int = 0
+    outcome: Outcome | None,
+    interval_s: float,
+    leading: bool,
+    steps_in_a_row: int = 0,
+    rest_s: float | None = None,
 ) -> float | None:
     """Seconds until a pipeline's next pass after `outcome` (None: no next pass): its
     `requeue_after` when this replica leads (a handover's next step, something due),
-    never sooner than FOLLOW_UP_S nor later than the interval; the interval otherwise
-    (a standby watching, a pass that raised); FOLLOW_UP_S after a pass that lost its
-    write to a Conflict (its read was older than the pipeline). A pass that took a
-    handover step is followed at STEP_FOLLOW_UP_S (what it wrote is what the next step
-    decides on), unless `steps_in_a_row` passes before it already were."""
+    never sooner than FOLLOW_UP_S nor later than the interval; `rest_s` (default: the
+    interval) for a pipeline at rest, whose passes a change calls for sooner
+    (`wakeups`); the interval otherwise (a standby watching, a pass that raised);
+    FOLLOW_UP_S after a pass that lost its write to a Conflict (its read was older than
+    the pipeline). A pass that took a handover step is followed at STEP_FOLLOW_UP_S
+    (what it wrote is what the next step decides on), unless `steps_in_a_row` passes
+    before it already were."""
     if outcome is None or not leading:
         return interval_s
     if outcome.result in NEXT_PASS_GONE:
@@ -146,7 +159,7 @@ def next_pass_in(
         return FOLLOW_UP_S
     due = outcome.requeue_after
     if due is None:
-        return interval_s
+        return rest_s if outcome.rest is not None and rest_s is not None else interval_s
     if due == 0.0 and steps_in_a_row < STEPS_IN_A_ROW and HANDOVER_STEPS & set(outcome.actions):
         return STEP_FOLLOW_UP_S
     return max(FOLLOW_UP_S, min(interval_s, due))
@@ -156,19 +169,77 @@ def run_pass(key: tuple[str, str]) -> float | None:
     """(A pass thread of the scheduler.) One pass over the pipeline; the seconds until
     its next."""
     namespace, name = key
-    interval = RUNTIME.settings.interval_s
+    settings = RUNTIME.settings
+    interval = settings.interval_s
     try:
         outcome = reconcile_one(_kube(), namespace, name)
     except Exception as exc:  # one bad pass must not stop the others
         log.exception("reconcile of %s/%s failed: %s", namespace, name, exc)
+        _note_rest(key, None)
         return interval
     leading = RUNTIME.leader is None or RUNTIME.leader.is_leader()
+    _note_rest(key, outcome if leading else None)
     if outcome is None or outcome.result in NEXT_PASS_GONE:
         return next_pass_in(outcome, interval, leading)
     memory = RUNTIME.memories.of(namespace, name)
-    after = next_pass_in(outcome, interval, leading, memory.steps_in_a_row)
+    after = next_pass_in(outcome, interval, leading, memory.steps_in_a_row, settings.rest_s())
     memory.steps_in_a_row = memory.steps_in_a_row + 1 if after == STEP_FOLLOW_UP_S else 0
     return after
+
+
+def _note_rest(key: tuple[str, str], outcome: Outcome | None) -> None:
+    """What the pass left the pipeline as, for what wakes it: at rest, busy, or neither
+    (gone, or this replica is not acting: passes at the interval)."""
+    with RUNTIME.wakeups_lock:
+        wakeups = RUNTIME.wakeups
+        if outcome is None or outcome.result in NEXT_PASS_GONE:
+            wakeups.forget(key)
+        elif outcome.rest is not None and outcome.requeue_after is None:
+            wakeups.rested(key, outcome.rest, time.monotonic())
+        else:
+            wakeups.busy(key)
+        resting = wakeups.resting()
+    operator_metrics.PIPELINES_AT_REST.set(resting)
+
+
+def on_watch_event(kind: str, event: str, held: Obj | None, obj: Obj | None) -> None:
+    """(A watch's thread.) A pass at once over the pipelines the event concerns; a node's
+    heartbeat renewed starts its silence timers again."""
+    now = time.monotonic()
+    if kind == "node-leases":
+        if obj is not None and event != "DELETED" and _renewed(held, obj):
+            with RUNTIME.wakeups_lock:
+                RUNTIME.wakeups.heartbeat(str(obj["metadata"]["name"]), now)
+        return
+    with RUNTIME.wakeups_lock:
+        keys = RUNTIME.wakeups.on_event(kind, event, held, obj)
+    _wake(keys, "relist" if event == SYNCED else kind)
+
+
+def _renewed(held: Obj | None, obj: Obj) -> bool:
+    """A heartbeat Lease seen for the first time or with a new renewTime."""
+    renew = (obj.get("spec") or {}).get("renewTime")
+    return held is None or (held.get("spec") or {}).get("renewTime") != renew
+
+
+def _wake(keys: set[tuple[str, str]], cause: str) -> None:
+    scheduler = RUNTIME.scheduler
+    if keys and scheduler is not None:
+        woken = scheduler.wake(keys)
+        if woken:
+            operator_metrics.PASSES_WOKEN.labels(cause).inc(woken)
+
+
+WAKE_TICK_S = 0.25  # how often the silent nodes' timers are looked at
+
+
+def wake_forever() -> None:
+    """Until RUNTIME.stop is set: passes over the pipelines at rest on a node that has
+    fallen silent for their nodeLostAfter (`Wakeups.due`)."""
+    while not RUNTIME.stop.wait(WAKE_TICK_S):
+        with RUNTIME.wakeups_lock:
+            keys = RUNTIME.wakeups.due(time.monotonic())
+        _wake(keys, "silent-node")
 
 
 def list_forever(scheduler: PassScheduler) -> None:
@@ -251,6 +322,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME.scheduler = scheduler
     scheduler.start()
     threading.Thread(target=list_forever, args=(scheduler,), name="resync", daemon=True).start()
+    threading.Thread(target=wake_forever, name="wakeups", daemon=True).start()
 
 
 @kopf.on.cleanup()

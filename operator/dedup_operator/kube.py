@@ -31,6 +31,7 @@ from dedup_operator.desired.scheduled_audit import (
 )
 from dedup_operator.event_poster import EventPoster
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
+from dedup_operator.wakeups import pipeline_of
 
 CONFLICT_RETRIES = 12  # a node's mark written by this many passes at once, at least
 CONFLICT_BACKOFF_S = 0.02  # the n-th retry waits up to n times this (random)
@@ -70,10 +71,8 @@ def _watched_key(kind: str, namespace: str | None) -> str:
     return f"{kind}@{namespace}" if namespace is not None else kind
 
 
-def _by_pipeline(obj: Obj) -> tuple[str, str] | None:
-    meta = obj["metadata"]
-    pipeline = (meta.get("labels") or {}).get(names.LABEL_PIPELINE)
-    return (str(meta.get("namespace") or ""), str(pipeline)) if pipeline else None
+WatchEvent = Callable[[str, str, Obj | None, Obj | None], None]
+"""(kind, event, held, obj): see `Kube.watch_cluster`."""
 
 
 class Kube:
@@ -94,6 +93,7 @@ class Kube:
         # ran (dedup_operator.cache); each read falls back to a list while one is not synced.
         self._watched: dict[str, WatchedKind] = {}
         self._events: EventPoster | None = None  # Events posted from a thread, once set
+        self._on_event: WatchEvent | None = None  # watch events, to wake passes
 
     def watch_cluster(
         self,
@@ -101,26 +101,33 @@ class Kube:
         on_heartbeat: Callable[[Obj], None] | None = None,
         namespaces: Sequence[str] | None = None,
         on_partition_lease: Callable[[Obj], None] | None = None,
+        on_event: WatchEvent | None = None,
     ) -> None:
         """Follow by watch from now on, so that a pass reads them from memory (its
         requests do not grow with the cluster): Nodes, node Leases and VolumeAttachments;
         with `namespaces` (empty: every namespace) also the DedupPipelines and their
         worker pods, volume claims and partition Leases there. `on_heartbeat(lease)` and
-        `on_partition_lease(lease)` are called as each Lease is renewed. Waits up to
+        `on_partition_lease(lease)` are called as each Lease is renewed; `on_event(kind,
+        event, held, obj)` with each watch event (`cache.WatchedKind`), kind being one of
+        nodes, node-leases, volumeattachments, pipelines, pods, volumeclaims, leases. Waits up to
         `wait_s` for the first lists; the operator does not wait (a pass lists directly
         until then, and a slow start would delay its leader election)."""
         if self._watched:
             return
+        self._on_event = on_event
         self._watched = {
-            "nodes": WatchedKind("nodes", self.core.list_node),
+            "nodes": WatchedKind("nodes", self.core.list_node, on_event=self._events_of("nodes")),
             "node-leases": WatchedKind(
                 f"leases in {NODE_LEASE_NAMESPACE}",
                 self.coordination.list_namespaced_lease,
                 NODE_LEASE_NAMESPACE,
                 on_change=on_heartbeat,
+                on_event=self._events_of("node-leases"),
             ),
             "volumeattachments": WatchedKind(
-                "volumeattachments", self.storage.list_volume_attachment
+                "volumeattachments",
+                self.storage.list_volume_attachment,
+                on_event=self._events_of("volumeattachments"),
             ),
         }
         if namespaces is not None:
@@ -168,6 +175,7 @@ class Kube:
             custom.list_cluster_custom_object if every else custom.list_namespaced_custom_object,
             args=(names.GROUP, names.VERSION, *([] if every else [namespace]), names.PLURAL),
             key=by_namespace_and_name,
+            on_event=self._events_of("pipelines"),
         )
         for kind, list_call, selector, on_change in kinds:
             self._watched[_watched_key(kind, namespace)] = WatchedKind(
@@ -177,8 +185,16 @@ class Kube:
                 on_change=on_change,
                 label_selector=selector,
                 key=by_namespace_and_name,
-                group=_by_pipeline,
+                group=pipeline_of,
+                on_event=self._events_of(kind),
             )
+
+    def _events_of(self, kind: str) -> Callable[[str, Obj | None, Obj | None], None] | None:
+        """`kind`'s events, to `on_event` as watch_cluster was given it (None: not wanted)."""
+        on_event = self._on_event
+        if on_event is None:
+            return None
+        return lambda event, held, obj: on_event(kind, event, held, obj)
 
     def _pipeline_watch(self, kind: str, namespace: str) -> WatchedKind | None:
         return self._watched.get(_watched_key(kind, namespace)) or self._watched.get(

@@ -67,6 +67,17 @@ WATCH_LISTS = Gauge(
     "relist (after a 410 Gone, or a watch broken off)",
     ("kind",),
 )
+PASSES_WOKEN = Counter(
+    "dedup_operator_passes_woken",
+    "Passes called for before their time by what a pipeline reads changing (`kind`: pods, "
+    "volumeclaims, leases, pipelines, nodes, volumeattachments; silent-node: a node of "
+    "its workers silent for its nodeLostAfter; relist: a watch listed again)",
+    ("kind",),
+)
+PIPELINES_AT_REST = Gauge(
+    "dedup_operator_pipelines_at_rest",
+    "Pipelines with nothing pending, passed over at the resync or when what they read changes",
+)
 EVENTS_DROPPED = Gauge(
     "dedup_operator_events_dropped",
     "Events not posted since the operator started because 1,000 were already waiting "

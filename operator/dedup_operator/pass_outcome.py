@@ -1,7 +1,8 @@
 """What one reconcile pass did, as its caller sees it (`reconcile.reconcile` returns it).
 
-The caller schedules the pipeline's next pass by `requeue_after` and keeps per-pipeline
-state (its `memory.PipelineMemory`) by `pipeline`; an Outcome says which.
+The caller schedules the pipeline's next pass by `requeue_after` (or, for a pipeline at
+`rest`, when something it reads changes: `dedup_operator.wakeups`) and keeps
+per-pipeline state (its `memory.PipelineMemory`) by `pipeline`; an Outcome says which.
 """
 
 from __future__ import annotations
@@ -9,6 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Rest:
+    """A pipeline with nothing pending that time alone resolves (`plan.Plan.at_rest`):
+    what can still call for its next pass before the resync. Its workers' nodes, each
+    with how long its heartbeat had been silent as this pass judged it (None: no node
+    Lease, the Ready condition decides), and its `nodeLostAfter`: a node silent that
+    long is lost, with nothing else changing."""
+
+    nodes: Mapping[str, float | None]
+    lost_after_s: float
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,7 @@ class Outcome:
     # the regular interval
     requeue_after: float | None = None
     status: Mapping[str, Any] | None = None  # the status the pass composed
+    rest: Rest | None = None  # at rest (None: something is pending, or not an "ok" pass)
 
     @property
     def finalized(self) -> bool:

@@ -88,6 +88,10 @@ class PassQueue:
         self._prune()
         return self._heap[0][0] if self._heap else None
 
+    def knows(self, key: Key) -> bool:
+        """`key` is waiting or in a pass (and not forgotten)."""
+        return key in self._due or (key in self._running and key not in self._forgotten)
+
     def known(self) -> set[Key]:
         """Every pipeline waiting or in a pass (forgotten ones excluded)."""
         return set(self._due) | (self._running - self._forgotten)
@@ -133,6 +137,21 @@ class PassScheduler:
             for key in wanted - known:
                 self._queue.want(key, now)
             self._cond.notify_all()
+
+    def wake(self, keys: Iterable[Key]) -> int:
+        """A pass at once over each of `keys` the scheduler knows (something it reads
+        changed: `dedup_operator.wakeups`); one in its pass runs again after it. Returns
+        how many were known."""
+        known = 0
+        with self._cond:
+            now = self._monotonic()
+            for key in keys:
+                if self._queue.knows(key):
+                    self._queue.want(key, now)
+                    known += 1
+            if known:
+                self._cond.notify_all()
+        return known
 
     def start(self) -> None:
         with self._cond:

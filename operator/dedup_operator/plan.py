@@ -96,6 +96,7 @@ from dedup_operator.failover import (
 from dedup_operator.memory import Recalled
 from dedup_operator.observed import Obj, attachments_of
 from dedup_operator.ownership_generation import OwnershipState, SwitchPhase
+from dedup_operator.pass_outcome import Rest
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
@@ -165,6 +166,18 @@ class PipelineObservation:
             if int(entry["partition"]) == p:
                 return entry  # type: ignore[no-any-return]
         return {}
+
+    def rest(self, plan: Plan) -> Rest | None:
+        """What can wake the pipeline before its resync when `plan` leaves it at rest:
+        its workers' nodes going silent (None: not at rest)."""
+        if not plan.at_rest():
+            return None
+        on = {p.node for pods in self.pods.values() for p in pods if p.node}
+        ages = {n: self.nodes[n].heartbeat_age if n in self.nodes else None for n in on}
+        return Rest(
+            nodes={n: None if a is None else a.total_seconds() for n, a in ages.items()},
+            lost_after_s=self.spec.failover.policy().node_lost_after.total_seconds(),
+        )
 
     def volume_name(self, p: int) -> str | None:
         claim = self.claims.get(names.volume_claim(self.spec.name, p)) or {}
@@ -242,6 +255,26 @@ class Plan:
 
     def decisions(self) -> dict[int, Decision]:
         return {s.partition: s.decision for s in self.steps}
+
+    def at_rest(self) -> bool:
+        """Nothing pending that time alone resolves: every partition steady with nothing
+        awaited and no handover, no record to write, no taint relied on or to lift. Its
+        next pass is due when something it reads changes (`dedup_operator.wakeups`) or
+        at the resync; a partition waiting for something (a replacement to be Ready, a
+        volume to detach, a Lease to run out) keeps the pipeline passing at its interval."""
+        return (
+            self.record is None
+            and not self.observe_again
+            and not (self.relying_on or self.to_taint or self.to_join or self.lift)
+            and all(
+                isinstance(s.action, Steady)
+                and s.action.waiting_for is None
+                and s.action.until is None
+                and s.decision.handover is None
+                and s.decision.degraded is None
+                for s in self.steps
+            )
+        )
 
     def requeue_after(self, now: datetime) -> float | None:
         """When the next pass is due, in seconds: at once (0) when this one acted -- a

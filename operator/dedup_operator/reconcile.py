@@ -117,7 +117,8 @@ def _pass(
         plan = _decide_and_act(seen, acting, settings, now)
     status = _report(seen, plan, acting, settings, now)
     key = (acting.namespace, acting.name)
-    return Outcome(key, "ok", tuple(acting.applied), plan.requeue_after(now), status)
+    rest = seen.rest(plan)
+    return Outcome(key, "ok", tuple(acting.applied), plan.requeue_after(now), status, rest)
 
 
 def _decide_and_act(

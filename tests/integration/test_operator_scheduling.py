@@ -8,6 +8,8 @@ the kubelets' and workers' side simulated (`support.simulated_kubelets`, named a
   within 2 x the follow-up plus one pass of each other, and the node carries all 5
   marks under one taint;
 - two pipelines marking one node at once lose no mark (a compare-and-set on the node);
+- a pipeline at rest is passed over when what it reads changes (a node NotReady, a
+  pod deleted), not at its interval (`dedup_operator.wakeups`);
 - the operator restarted under 200 partitions (the CRD's timings) starts no handover.
 """
 
@@ -200,6 +202,77 @@ def test_two_pipelines_marking_one_node_at_once_lose_no_mark(
     marks = (found.metadata.annotations or {}).get(names.ANNOTATION_TAINT_BY, "")
     assert sorted(marks.split(",")) == [f"{t}/p{i}" for t in ("one", "two") for i in (1, 3, 5)]
     assert [t.key for t in found.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
+
+
+def woken(metrics: str, kind: str) -> int:
+    found = re.search(
+        rf'^dedup_operator_passes_woken_total\{{kind="{kind}"\}} (\S+)$', metrics, re.M
+    )
+    return int(float(found.group(1))) if found else 0
+
+
+# nothing due by time for 10 minutes: only what changes calls for a pass
+AT_REST_FOR_LONG = (
+    "--resync-interval", "600", "--topic-check-interval", "600", "--status-counters-interval", "600"
+)  # fmt: skip
+
+
+def test_a_pipeline_at_rest_is_passed_over_when_what_it_reads_changes_not_by_the_clock(
+    kube_namespace: KubeNamespace,
+    busy_nodes: Kubelets,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """With a resync of 10 minutes, a Ready pipeline makes no pass at its interval
+    (`dedup_operator.wakeups`); its node lost (reported NotReady: a Node watch event) is
+    handed over at once, and a worker pod deleted (a pod watch event) is replaced, both
+    far sooner than the resync."""
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    busy_nodes.create_volumes("rest", 2)
+    log = tmp_path / "operator.log"
+    with running_operator(
+        kube_namespace.kubeconfig_path, ns, log, interval=INTERVAL_S, extra=AT_REST_FOR_LONG
+    ) as op:
+        create(api, ns, pipeline(kafka.bootstrap, topic, busy_nodes.label, "rest", 2))
+        wait_for(lambda: ready(api, ns, "rest", 2), 90, "rest Ready")
+        wait_for(lambda: "dedup_operator_pipelines_at_rest 1.0" in op.metrics(), 30, "at rest")
+        before = passes(op.metrics(), ns, "rest")
+        time.sleep(3 * INTERVAL_S)
+        quiet = passes(op.metrics(), ns, "rest") - before
+        print(f"at rest over {3 * INTERVAL_S:.0f}s: {quiet} passes (interval {INTERVAL_S}s)")
+        assert quiet <= 1, "at rest: not passed over at its interval"
+
+        lost = entry(api, ns, 0, "rest")["node"]
+        other = next(n for n in busy_nodes.nodes if n != lost)
+        t0 = time.monotonic()
+        busy_nodes.lose(lost)
+
+        def moved(p: int, away_from: str) -> bool:
+            e = entry(api, ns, p, "rest")
+            return bool(e.get("ready") and e.get("node") != away_from and not e.get("handover"))
+
+        wait_for(lambda: moved(0, lost), 60, "partition 0 on the other node", every=0.5)
+        print(f"node lost -> partition 0 moved in {time.monotonic() - t0:.1f}s")
+        assert woken(op.metrics(), "nodes") >= 1, "the NotReady node called for the pass"
+        busy_nodes.back(lost)
+
+        wait_for(lambda: "dedup_operator_pipelines_at_rest 1.0" in op.metrics(), 60, "at rest")
+        doomed = entry(api, ns, 1, "rest")["pod"]
+        t0 = time.monotonic()
+        client.CoreV1Api(api).delete_namespaced_pod(doomed, ns)
+        wait_for(
+            lambda: entry(api, ns, 1, "rest").get("pod") not in (None, doomed) and moved(1, ""),
+            60,
+            "partition 1's worker replaced",
+            every=0.5,
+        )
+        print(f"pod deleted -> replaced in {time.monotonic() - t0:.1f}s (on {other} or {lost})")
+        assert woken(op.metrics(), "pods") >= 1, "the deleted pod called for the pass"
+        assert not busy_nodes.errors
+    assert log_problems(log.read_text()) == []
 
 
 RESTART_PIPELINES, RESTART_PARTITIONS, RESTART_NODES = 20, 10, 10

@@ -194,3 +194,39 @@ def test_a_deletion_does_not_undo_an_object_made_again_since() -> None:
         assert held["a-p0"]["spec"]["holderIdentity"] == "again"
     finally:
         kind.stop()
+
+
+def test_events_are_told_with_what_was_held_and_an_echo_of_our_write_is_not() -> None:
+    server = ScriptedServer(
+        [lease("ns", "a-p0", "a", 5)],
+        [
+            ("MODIFIED", lease("ns", "a-p0", "a", 11, holder="x")),  # our write's echo
+            ("MODIFIED", lease("ns", "a-p0", "a", 12, holder="y")),
+            ("DELETED", lease("ns", "a-p0", "a", 13, holder="y")),
+        ],
+    )
+    told: list[tuple[str, str | None, str | None]] = []
+
+    def rv(o: dict[str, Any] | None) -> str | None:
+        return None if o is None else str(o["metadata"]["resourceVersion"])
+
+    kind = WatchedKind(
+        "leases",
+        server,
+        "ns",
+        key=by_namespace_and_name,
+        group=pipeline_of,
+        on_event=lambda event, held, obj: told.append((event, rv(held), rv(obj))),
+    )
+    kind.start()
+    try:
+        assert kind.wait_synced(5)
+        kind.wrote(lease("ns", "a-p0", "a", 11, holder="x"))
+        server.before_events.set()
+        assert server.streamed.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(told) < 3:
+            time.sleep(0.01)
+    finally:
+        kind.stop()
+    assert told == [("SYNCED", None, None), ("MODIFIED", "11", "12"), ("DELETED", "12", "13")]

@@ -16,8 +16,9 @@ from dedup_operator.handlers import (
     STEPS_IN_A_ROW,
     next_pass_in,
 )
-from dedup_operator.pass_outcome import Outcome
+from dedup_operator.pass_outcome import Outcome, Rest
 from dedup_operator.pass_queue import Key, PassQueue, PassScheduler
+from dedup_operator.settings import ReconcileSettings
 
 A: Key = ("ns", "a")
 B: Key = ("ns", "b")
@@ -105,6 +106,29 @@ def test_next_pass_follows_requeue_after_within_follow_up_and_interval() -> None
         assert next_pass_in(outcome(gone, None), 5.0, True) is None
     assert next_pass_in(outcome("finalizing", 0.0), 5.0, True) == FOLLOW_UP_S
     assert next_pass_in(outcome("conflict", None), 5.0, True) == FOLLOW_UP_S
+
+
+def test_a_pipeline_at_rest_is_passed_at_the_resync_and_its_settings_bound_it() -> None:
+    rest = Rest(nodes={"n1": 0.0}, lost_after_s=20.0)
+    at_rest = Outcome(A, "ok", (), None, None, rest)
+    assert next_pass_in(at_rest, 5.0, True, rest_s=30.0) == 30.0
+    assert next_pass_in(at_rest, 5.0, True) == 5.0, "no resync given: the interval"
+    assert next_pass_in(at_rest, 5.0, False, rest_s=30.0) == 5.0, "a standby: the interval"
+    busy = Outcome(A, "ok", (), None)
+    assert next_pass_in(busy, 5.0, True, rest_s=30.0) == 5.0
+    settings = ReconcileSettings(interval_s=5.0, topic_check_s=30.0, counters_s=60.0)
+    assert settings.rest_s() == 30.0, "the resync (30 s), the topic check as often"
+    assert ReconcileSettings(interval_s=1.0, topic_check_s=3.0, counters_s=1.0).rest_s() == 1.0
+    assert ReconcileSettings(interval_s=4.0, counters_s=1.0).rest_s() == 4.0, "not below"
+
+
+def test_wake_brings_known_pipelines_forward_and_ignores_others() -> None:
+    now = [0.0]
+    ran: list[Key] = []
+    scheduler = PassScheduler(lambda key: ran.append(key) or 100.0, 1, lambda: now[0])
+    scheduler.keep_only([A])
+    assert scheduler.wake([B]) == 0, "not a pipeline it passes over"
+    assert scheduler.wake([A]) == 1
 
 
 def test_a_handover_step_is_followed_at_once_but_not_for_ever() -> None:
