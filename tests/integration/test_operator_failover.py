@@ -8,7 +8,8 @@ cluster's end-to-end tests run real ones); what is tested is what the operator d
 node lost -> decision recorded -> Lease expired -> node tainted out-of-service ->
 old pod force-deleted by pod GC -> replacement (next epoch) on another node -> Ready ->
 handover recorded with its steps; the taint is removed once the node is back. Killed
-in the middle and restarted, the operator completes the failover once. A pipeline
+in the middle (the test holds the handover after its step: a finalizer on the old pod,
+an attachment of the volume) and restarted, the operator completes the failover once. A pipeline
 deleted while its lost node is tainted lifts its taint (and only its own).
 """
 
@@ -53,6 +54,40 @@ def taints(api: client.ApiClient, node: str) -> list[str]:
     return [t.key for t in (n.spec.taints or [])]
 
 
+HOLD = "dedup.io/test-hold"  # a finalizer the test puts on the old worker pod
+
+
+def _hold_at(api: client.ApiClient, ns: str, step: str, pod: str, node: str) -> Any:
+    """Keep the handover after `step` until `release()` is called (the returned
+    function): a handover takes its steps a tenth of a second apart, faster than a test
+    can see them. After `fenced`, the old pod cannot go (a finalizer holds it, deleted);
+    after `released`, the volume stays attached to the lost node (a VolumeAttachment the
+    test made, which no attacher removes)."""
+    core = client.CoreV1Api(api)
+    if step == "fenced":
+        core.patch_namespaced_pod(pod, ns, {"metadata": {"finalizers": [HOLD]}})
+        return lambda: core.patch_namespaced_pod(
+            pod,
+            ns,
+            {"metadata": {"finalizers": None}},
+            _content_type="application/merge-patch+json",
+        )
+    claim = core.read_namespaced_persistent_volume_claim(names.volume_claim("events", 0), ns)
+    storage = client.StorageV1Api(api)
+    attachment = f"hold-{ns[-12:]}"
+    storage.create_volume_attachment(
+        {
+            "metadata": {"name": attachment},
+            "spec": {
+                "attacher": "test-attacher.dedup.io",
+                "nodeName": node,
+                "source": {"persistentVolumeName": claim.spec.volume_name},
+            },
+        }
+    )
+    return lambda: storage.delete_volume_attachment(attachment)
+
+
 def _fail_over(
     ns: KubeNamespace,
     kubelets: Kubelets,
@@ -85,18 +120,27 @@ def _fail_over(
         before = entry(api, ns.name, 0)
         lost = before["node"]
         assert before["epoch"] == 1
+        release = None
+        if kill_at is not None:
+            release = _hold_at(api, ns.name, kill_at, before["pod"], lost)
         t0 = time.monotonic()
         kubelets.lose(lost)
 
         if kill_at is not None:
+            assert release is not None
+            following = ["fenced", "released", "detached"]
+            next_step = following[following.index(kill_at) + 1]
 
             def reached() -> bool:
-                h = entry(api, ns.name, 0).get("handover") or {}
-                return kill_at in (h.get("steps") or {})
+                steps = (entry(api, ns.name, 0).get("handover") or {}).get("steps") or {}
+                return kill_at in steps and next_step not in steps
 
             wait_for(reached, 90, f"the handover to reach {kill_at}", every=0.2)
+            time.sleep(1.0)  # held there: the operator's passes find it so
+            assert reached(), "held after its step"
             op.kill()
             op_ctx.__exit__(None, None, None)
+            release()
             op_ctx = running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5)
             op = op_ctx.__enter__()
 
