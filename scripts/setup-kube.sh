@@ -2,7 +2,9 @@
 # Builds the real Kubernetes control plane used by the integration tests, from the Go
 # modules published on the Go module proxy, and caches it under
 #   $DEDUP_CACHE/kube-$KUBERNETES_VERSION/bin/{kube-apiserver,kube-controller-manager,
-#                                             kube-scheduler,kubectl,etcd,helm}
+#                                             kube-scheduler,kubectl,kubelet,kube-proxy,
+#                                             etcd,helm}
+# (kubelet and kube-proxy run the local cluster's real nodes: scripts/setup-nodes.sh.)
 # Versions come from versions.env only. Every binary has a stamp file naming what it was
 # built from; a binary whose stamp matches is reused, so a cached re-run takes a moment.
 # The first run compiles Kubernetes from source (several minutes on two cores).
@@ -123,7 +125,7 @@ unlocalize_replaces() {
 }
 
 # --------------------------------------------------------------------------- kubernetes
-KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+KUBE_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 staging_version() { echo "v0.${KUBERNETES_VERSION#*.}"; }
 

@@ -203,6 +203,13 @@ class ControlPlane:
         crds: CustomResourceDefinition files to install before the controllers start,
             so the garbage collector watches their kinds from the beginning (it only
             rediscovers API resources every 30s).
+        kubelets: serve real kubelets (local/dedup_local/real_node.py): the Node
+            authorizer and the NodeRestriction admission plugin beside RBAC (each node
+            has its own credentials, `issue_certificate`), a client certificate the API
+            server shows kubelets (CN kube-apiserver-kubelet-client, group
+            system:masters), kubelets' serving certificates checked against the CA, and
+            their InternalIP preferred over the node's name (which nothing resolves).
+            Off by default: the other tests' control planes stay as they were.
     """
 
     def __init__(
@@ -215,8 +222,10 @@ class ControlPlane:
         extra_args: Mapping[str, Sequence[str]] | None = None,
         keep_data: bool | None = None,
         crds: Iterable[Path] = (),
+        kubelets: bool = False,
     ) -> None:
         self.with_controllers = with_controllers
+        self.kubelets = kubelets
         self.crds = [Path(p) for p in crds]
         self.binaries = kube_binaries(bin_dir)
         self.start_timeout = start_timeout
@@ -490,8 +499,52 @@ class ControlPlane:
             "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key"
         )
         self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        if self.kubelets:
+            self.issue_certificate(
+                pki / "apiserver-kubelet-client",
+                common_name="kube-apiserver-kubelet-client",
+                organizations=["system:masters"],
+            )
         for key in pki.glob("*.key"):
             key.chmod(0o600)
+
+    def issue_certificate(
+        self,
+        prefix: Path,
+        *,
+        common_name: str,
+        organizations: Sequence[str] = (),
+        client: bool = True,
+        server_names: Sequence[str] = (),
+    ) -> tuple[Path, Path]:
+        """A key and a certificate signed by this control plane's CA, written to
+        `prefix`.key and `prefix`.crt (returned in that order): for clients (the subject's
+        CN is the user name, each O a group) and, with `server_names` ("IP:...",
+        "DNS:..."), for serving too."""
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        key, csr, crt, ext = (prefix.with_suffix(s) for s in (".key", ".csr", ".crt", ".ext"))
+        subject = "".join(f"/O={org}" for org in organizations) + f"/CN={common_name}"
+        usages = (["clientAuth"] if client else []) + (["serverAuth"] if server_names else [])
+        if not usages:
+            raise ValueError("a certificate for neither clients nor servers")
+        lines = [
+            f"extendedKeyUsage={','.join(usages)}",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+        ]
+        if server_names:
+            lines.append(f"subjectAltName={','.join(server_names)}")
+        ext.write_text("\n".join(lines) + "\n")
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        self._openssl("req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", subject)
+        self._openssl(
+            "x509", "-req", "-in", str(csr), "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-set_serial", str(secrets.randbits(63)), "-out", str(crt), "-days", "3650",
+            "-extfile", str(ext),
+        )  # fmt: skip
+        key.chmod(0o600)
+        csr.unlink()
+        ext.unlink()
+        return key, crt
 
     def _write_auth(self) -> None:
         # token,user,uid,"group1,group2"; every identity here is a cluster admin.
@@ -663,7 +716,8 @@ class ControlPlane:
             f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--token-auth-file={self.data_dir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            # The Node authorizer for real kubelets' own credentials (see `kubelets`).
+            f"--authorization-mode={'Node,RBAC' if self.kubelets else 'RBAC'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
@@ -671,6 +725,7 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             *self._audit_args(),
+            *self._kubelet_args(),
             *self.extra_args.get("kube-apiserver", []),
         ]
         proc = self._spawn("kube-apiserver", argv)
@@ -687,6 +742,19 @@ class ControlPlane:
                 return False
 
         self._wait(proc, ready, "ready (/readyz)")
+
+    def _kubelet_args(self) -> list[str]:
+        """The API server's flags for real kubelets (see `kubelets`)."""
+        if not self.kubelets:
+            return []
+        pki = self.data_dir / "pki"
+        return [
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+        ]
 
     def _start_controller_manager(self) -> None:
         pki = self.data_dir / "pki"
