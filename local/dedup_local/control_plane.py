@@ -47,6 +47,8 @@ from .paths import MissingArtifact, cache_dir, free_port, versions
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from .real_network import HostAddress
+
 SETUP_HINT = "run: make setup-kube"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -208,8 +210,10 @@ class ControlPlane:
             has its own credentials, `issue_certificate`), a client certificate the API
             server shows kubelets (CN kube-apiserver-kubelet-client, group
             system:masters), kubelets' serving certificates checked against the CA, and
-            their InternalIP preferred over the node's name (which nothing resolves).
-            Off by default: the other tests' control planes stay as they were.
+            their InternalIP preferred over the node's name (which nothing resolves);
+            and the API server bound to and advertised on a private address of the
+            host that pods reach (`host`; `real_network.claim_host_address`), not
+            127.0.0.1. Off by default: the other tests' control planes stay as they were.
     """
 
     def __init__(
@@ -247,6 +251,8 @@ class ControlPlane:
         self._atexit_registered = False
         self._die_with_parent = False
         self.start_seconds = 0.0
+        self._host = "127.0.0.1"
+        self._host_address: HostAddress | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -256,11 +262,17 @@ class ControlPlane:
         return self._data_dir
 
     @property
+    def host(self) -> str:
+        """The address the API server binds and advertises: 127.0.0.1, or with
+        `kubelets` a private address of this host that pods on real nodes reach."""
+        return self._host
+
+    @property
     def server(self) -> str:
         """The apiserver URL, e.g. https://127.0.0.1:41234."""
         if not self._apiserver_port:
             raise RuntimeError("control plane not started")
-        return f"https://127.0.0.1:{self._apiserver_port}"
+        return f"https://{self._host}:{self._apiserver_port}"
 
     @property
     def etcd_url(self) -> str:
@@ -389,6 +401,7 @@ class ControlPlane:
             atexit.register(self.stop)
             self._atexit_registered = True
         try:
+            self._claim_host_address()
             self._write_pki()
             self._write_auth()
             self._start_with_port_retry(self._start_etcd)
@@ -402,6 +415,7 @@ class ControlPlane:
                 self._wait_controllers_working()
         except BaseException:
             self._stop_processes()
+            self._release_host_address()
             raise
         self._started = True
         self.start_seconds = time.monotonic() - t0
@@ -410,6 +424,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Terminate every process this control plane started; remove its data dir."""
         self._stop_processes()
+        self._release_host_address()
         self._started = False
         if self._atexit_registered:
             atexit.unregister(self.stop)
@@ -438,6 +453,19 @@ class ControlPlane:
         # back in start order (after etcd), so that stop() still ends it before etcd
         etcd = next(i for i, p in enumerate(self._processes) if p.name == "etcd")
         self._processes.insert(etcd + 1, self._processes.pop())
+
+    def _claim_host_address(self) -> None:
+        """With `kubelets`: the private address pods reach (see `host`)."""
+        if self.kubelets and self._host_address is None:
+            from .real_network import claim_host_address
+
+            self._host_address = claim_host_address()
+            self._host = self._host_address.address
+
+    def _release_host_address(self) -> None:
+        if self._host_address is not None:
+            self._host_address.release()
+            self._host_address = None
 
     def _stop_processes(self) -> None:
         while self._processes:
@@ -474,6 +502,7 @@ class ControlPlane:
         )  # fmt: skip
         sans = [
             "IP:127.0.0.1",
+            *([f"IP:{self._host}"] if self._host != "127.0.0.1" else []),
             "IP:10.0.0.1",
             "DNS:localhost",
             "DNS:kubernetes",
@@ -708,8 +737,8 @@ class ControlPlane:
         argv = [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self._host}",
+            f"--advertise-address={self._host}",
             f"--secure-port={self._apiserver_port}",
             f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",

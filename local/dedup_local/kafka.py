@@ -159,6 +159,10 @@ class KafkaBroker:
     `stop()`, `kill()` and `restart()` keep the data directory and the ports, so data
     written before survives and clients keep their bootstrap address. The context
     manager stops the broker and removes a data directory it created itself.
+
+    `host` is the address its client listener binds and advertises: 127.0.0.1 by
+    default; a `ControlPlane(kubelets=True)`'s `host` makes it reachable from pods on
+    real nodes too (docs/development.md, "Real nodes"). Its controller stays on loopback.
     """
 
     def __init__(
@@ -171,7 +175,9 @@ class KafkaBroker:
         heap: str = "1g",
         jvm_options: Sequence[str] = (),
         start_timeout_s: float = 90.0,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self._owns_dir = data_dir is None
         self._may_move_ports = port is None and controller_port is None
         self._log_offset = 0
@@ -201,7 +207,7 @@ class KafkaBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_file(self) -> Path:
@@ -462,9 +468,9 @@ class KafkaBroker:
                 "node.id": "1",
                 "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
                 "listeners": (
-                    f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+                    f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
                 ),
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+                "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
                 "controller.listener.names": "CONTROLLER",
                 "inter.broker.listener.name": "PLAINTEXT",
                 "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",

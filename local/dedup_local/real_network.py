@@ -1,0 +1,482 @@
+"""Networking pods on real nodes can use (issue 28, second stage; docs/development.md,
+"Real nodes": the address choice and why, and what stays on the host).
+
+- `claim_host_address()`: a private address on an interface of its own, `dedupapiN`
+  (`10.200.N.1/32`, a /24 slot of the nodes' pool taken under their machine-wide lock; a
+  bridge without ports, as this machine's kernel has no `dummy` driver).
+  `ControlPlane(kubelets=True)` binds and advertises its API server there, and a
+  `KafkaBroker(host=...)` listens there: pods reach it through their bridge gateway, the
+  host's own processes as a local address. 127.0.0.0/8 is no candidate: a packet from a
+  pod's network namespace to a loopback address is dropped as a martian.
+- `HostProxy`: the host's one kube-proxy (iptables mode) for one control plane's real
+  nodes, so a pod reaches the API server at the service IP with its projected token. Two
+  kube-proxies on one host write the same KUBE-* chains, whatever their service CIDRs, so
+  a machine-wide lock makes it one at a time: a second run waits for the first to stop.
+  It leaves host sysctls alone; `stop()` runs `kube-proxy --cleanup` and checks that no
+  KUBE-* chain is left. It refuses to start (or clean up) beside KUBE-* chains, nftables
+  tables or IPVS services that no HostProxy made.
+
+    with ControlPlane(kubelets=True) as cp, RealNode(cp) as node, HostProxy(cp, node):
+        KafkaBroker(host=cp.host)  # reachable from the node's pods
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+import yaml
+
+from .control_plane import _child_setup, _log_tail, _Process, kube_binaries
+from .paths import MissingArtifact, free_port
+from .real_node import (
+    SUBNETS,
+    RealNodeError,
+    _machine_lock,
+    _process_identity,
+    _run,
+    _used_subnets,
+    nodes_dir,
+)
+
+if TYPE_CHECKING:
+    from .control_plane import ControlPlane
+    from .real_node import RealNode
+
+ADDRESS_PREFIX = "dedupapi"  # the address interfaces' names: dedupapiN for 10.200.N.1
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Chains a kubelet makes (makeIPTablesUtilChains; ours do not): not a sign of another
+# kube-proxy. kube-proxy makes KUBE-FIREWALL too (with jumps from INPUT and OUTPUT), and
+# its --cleanup leaves it as the kubelet's: `HostProxy` removes it if it was not there.
+KUBELET_CHAINS = frozenset({"KUBE-FIREWALL", "KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"})
+SAVE = {"ip4": "iptables-save", "ip6": "ip6tables-save"}
+TABLES = {"ip4": "iptables", "ip6": "ip6tables"}
+KLOG_ERROR = re.compile(r"^[EF]\d{4} ", re.MULTILINE)
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=SYSTEM_PATH)
+    if not found:
+        raise MissingArtifact(f"{name} not found (real nodes' networking); run: make setup-nodes")
+    return found
+
+
+# --------------------------------------------------------------------- the address
+@dataclass
+class HostAddress:
+    """A private address of this host on an interface of its own (see the module
+    docstring); `release()` deletes the interface."""
+
+    address: str
+    interface: str
+
+    def release(self) -> None:
+        with _machine_lock("subnets"):
+            _delete_address(self.interface)
+
+
+def _address_records() -> Path:
+    return nodes_dir() / "addresses"
+
+
+def _delete_address(interface: str) -> None:
+    if Path(f"/sys/class/net/{interface}").exists():
+        _run([_tool("ip"), "link", "del", interface], check=False)
+    (_address_records() / interface).unlink(missing_ok=True)
+
+
+def reap_stale_addresses() -> list[str]:
+    """Delete the address interfaces whose claiming process died without releasing them
+    (its API server and broker died with it); returns their names. Call under the
+    "subnets" lock."""
+    records = _address_records()
+    stale = []
+    for record in sorted(records.iterdir()) if records.exists() else []:
+        with contextlib.suppress(OSError):
+            owner = record.read_text().strip()
+            if _process_identity(int(owner.split()[0])) != owner:
+                _delete_address(record.name)
+                stale.append(record.name)
+    return stale
+
+
+def claim_host_address() -> HostAddress:
+    """An interface `dedupapiN` (a bridge without ports: a `dummy` needs a kernel
+    module this machine lacks) with `10.200.N.1/32`, on a /24 slot that no host address
+    or route uses, taken from the top of the pool (nodes' bridges take theirs from the
+    bottom) under the nodes' subnet lock."""
+    ip = _tool("ip")
+    with _machine_lock("subnets"):
+        reap_stale_addresses()
+        used = _used_subnets(Path(ip))
+        free = [
+            n
+            for n in range(254, 0, -1)
+            if n not in used and not Path(f"/sys/class/net/{ADDRESS_PREFIX}{n}").exists()
+        ]
+        if not free:
+            raise RealNodeError(f"no free /24 left in {SUBNETS} for a host address")
+        n = free[0]
+        claimed = HostAddress(f"10.200.{n}.1", f"{ADDRESS_PREFIX}{n}")
+        _address_records().mkdir(parents=True, exist_ok=True)
+        (_address_records() / claimed.interface).write_text(_process_identity(os.getpid()) + "\n")
+        try:
+            _run([ip, "link", "add", claimed.interface, "type", "bridge"])
+            _run([ip, "addr", "add", f"{claimed.address}/32", "dev", claimed.interface])
+            _run([ip, "link", "set", claimed.interface, "up"])
+        except BaseException:
+            _delete_address(claimed.interface)
+            raise
+    return claimed
+
+
+# --------------------------------------------------------------------- host state
+def iptables_kube_chains() -> list[str]:
+    """Every KUBE-* chain in the host's iptables (IPv4 and IPv6, every table), as
+    "ip4 nat KUBE-SERVICES"."""
+    found = []
+    for family, save in SAVE.items():
+        result = subprocess.run(
+            [_tool(save)], capture_output=True, text=True, timeout=60, check=False
+        )
+        table = "?"
+        for line in result.stdout.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":KUBE-"):
+                found.append(f"{family} {table} {line[1:].split()[0]}")
+    return found
+
+
+def kube_chains() -> list[str]:
+    """The KUBE-* chains only a kube-proxy makes (a kubelet's are left out)."""
+    return [c for c in iptables_kube_chains() if c.split()[2] not in KUBELET_CHAINS]
+
+
+def _remove_firewall_chain(family: str) -> None:
+    """kube-proxy's empty copy of the kubelet's KUBE-FIREWALL and its jumps (it makes
+    them at start whatever its settings, and --cleanup leaves them): `-X` refuses a
+    chain that holds rules, so one that someone filled since is left."""
+    iptables = _tool(TABLES[family])
+    for parent in ("INPUT", "OUTPUT"):
+        for _ in range(10):  # one jump each, unless made more than once
+            rule = [iptables, "-t", "filter", "-D", parent, "-j", "KUBE-FIREWALL"]
+            if subprocess.run(rule, capture_output=True, timeout=60).returncode != 0:
+                break
+    subprocess.run(
+        [iptables, "-t", "filter", "-X", "KUBE-FIREWALL"], capture_output=True, timeout=60
+    )
+
+
+def _foreign_state() -> list[str]:
+    """What kube-proxy would touch on start (nftables `kube-proxy` tables) or on
+    --cleanup (IPVS services, the kube-ipvs0 device) that this project never makes."""
+    found = []
+    result = subprocess.run(
+        [_tool("nft"), "list", "tables"], capture_output=True, text=True, timeout=60, check=False
+    )
+    found += [line for line in result.stdout.splitlines() if line.endswith(" kube-proxy")]
+    with contextlib.suppress(OSError):
+        services = Path("/proc/net/ip_vs").read_text().splitlines()[3:]
+        found += [f"IPVS service {line.strip()}" for line in services if line.strip()]
+    if Path("/sys/class/net/kube-ipvs0").exists():
+        found.append("the kube-ipvs0 device")
+    return found
+
+
+# --------------------------------------------------------------------- kube-proxy
+class HostProxy:
+    """The host's kube-proxy for one control plane's real nodes (module docstring).
+
+    Args:
+        control_plane: a started `ControlPlane(kubelets=True)`.
+        node: a Ready node of it, whose name kube-proxy runs under (it reads the node's
+            IP from its Node at start, and would exit if that changed).
+        lock_timeout: seconds to wait for another run's kube-proxy on this host to stop.
+        start_timeout: seconds until the service IP's rules are in place.
+    """
+
+    def __init__(
+        self,
+        control_plane: ControlPlane,
+        node: RealNode,
+        *,
+        lock_timeout: float = 900.0,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.control_plane = control_plane
+        self.node = node
+        self.lock_timeout = lock_timeout
+        self.start_timeout = start_timeout
+        self._lock: IO[str] | None = None
+        self._proc: _Process | None = None
+        self._healthz_port = 0
+        self._atexit_registered = False
+        self.chains_after_stop: list[str] = []
+        self.start_seconds = 0.0
+
+    @property
+    def directory(self) -> Path:
+        return self.control_plane.data_dir / "kube-proxy"
+
+    @property
+    def log_path(self) -> Path:
+        return self.control_plane.log_path("kube-proxy")
+
+    @property
+    def cleanup_log_path(self) -> Path:
+        return self.control_plane.log_path("kube-proxy-cleanup")
+
+    def log_errors(self) -> list[str]:
+        """The error (E) and fatal (F) lines of kube-proxy's logs, its --cleanup's too."""
+        lines = []
+        for path in (self.log_path, self.cleanup_log_path):
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace")
+                lines += [line for line in text.splitlines() if KLOG_ERROR.match(line)]
+        return lines
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.alive()
+
+    def __enter__(self) -> HostProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> HostProxy:
+        """Take the host's kube-proxy lock (waiting for another run's to stop), clean up
+        after a run that died holding it, start kube-proxy; returns once the service
+        IP of the API server has its rules."""
+        if self._lock is not None:
+            return self
+        binaries = kube_binaries()
+        binaries.require("kube-proxy")
+        for name in ("iptables", "iptables-save", "iptables-restore", "ip6tables-save", "nft"):
+            _tool(name)
+        t0 = time.monotonic()
+        self._take_lock()
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        try:
+            self._clean_or_refuse()
+            owner = {
+                "owner": _process_identity(os.getpid()),
+                "server": self.control_plane.server,
+                "kubelet_chains_before": [
+                    c for c in iptables_kube_chains() if c.split()[2] in KUBELET_CHAINS
+                ],
+            }
+            self._owner_record().write_text(json.dumps(owner))
+            self._write_config()
+            self._spawn()
+            self._wait_rules()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Stop kube-proxy, remove its rules (`kube-proxy --cleanup`), record what KUBE-*
+        chains are left (`chains_after_stop`, normally none), release the lock."""
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+        if self._lock is None:
+            return
+        try:
+            if self._proc is not None:
+                self._proc.terminate(grace=10.0)
+                self._proc = None
+            self._cleanup()
+            before = set(self._record().get("kubelet_chains_before", []))
+            self.chains_after_stop = [c for c in iptables_kube_chains() if c not in before]
+            if not self.chains_after_stop:
+                self._owner_record().unlink(missing_ok=True)
+        finally:
+            self._lock.close()
+            self._lock = None
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _owner_record() -> Path:
+        return nodes_dir() / "kube-proxy.owner"
+
+    def _take_lock(self) -> None:
+        path = nodes_dir() / ".kube-proxy.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.open("a")
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.close()
+                    holder = self._owner_record()
+                    who = holder.read_text() if holder.exists() else "unknown"
+                    raise RealNodeError(
+                        f"another run's kube-proxy held this host for {self.lock_timeout:.0f}s"
+                        f" ({who})"
+                    ) from None
+                time.sleep(1.0)
+        self._lock = lock
+
+    def _clean_or_refuse(self) -> None:
+        """Under the lock: a record left by a run that died holding it means its rules
+        are still there: clean them up. KUBE-* chains without one are someone else's."""
+        foreign = _foreign_state()
+        if foreign:
+            raise RealNodeError(
+                "not starting kube-proxy beside state it would remove and that no "
+                f"HostProxy made: {foreign}"
+            )
+        if self._owner_record().exists():
+            self._cleanup()
+            self._owner_record().unlink()
+        chains = kube_chains()
+        if chains:
+            raise RealNodeError(
+                "iptables holds KUBE-* chains that no HostProxy made (another kube-proxy "
+                f"on this host?); leaving them and not starting: {chains[:8]}"
+            )
+
+    def _record(self) -> dict[str, Any]:
+        try:
+            record = json.loads(self._owner_record().read_text())
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def _cleanup(self) -> None:
+        """`kube-proxy --cleanup`, then its KUBE-FIREWALL where none was before it."""
+        if _foreign_state():
+            return  # --cleanup would remove those too: leave the rules for a person
+        self.cleanup_log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.cleanup_log_path.open("ab") as log:
+            subprocess.run(
+                [str(kube_binaries().path("kube-proxy")), "--cleanup", "--v=1"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PATH": SYSTEM_PATH}, timeout=120, check=False,
+            )  # fmt: skip
+        before = set(self._record().get("kubelet_chains_before", []))
+        for family in TABLES:
+            if f"{family} filter KUBE-FIREWALL" not in before:
+                _remove_firewall_chain(family)
+
+    def _write_config(self) -> None:
+        cp = self.control_plane
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        key, crt = cp.issue_certificate(d / "client", common_name="system:kube-proxy")
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "local", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_path)}}
+            ],
+            "users": [{"name": "kube-proxy", "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "kube-proxy"}}],
+            "current-context": "local",
+        }  # fmt: skip
+        (d / "kubeconfig").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+        (d / "kubeconfig").chmod(0o600)
+        self._healthz_port = free_port()
+        config: dict[str, Any] = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "hostnameOverride": self.node.name,
+            "clientConnection": {"kubeconfig": str(d / "kubeconfig")},
+            "healthzBindAddress": f"127.0.0.1:{self._healthz_port}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "bindAddressHardFail": True,
+            # Host sysctls untouched: no conntrack table size or timeouts, and no
+            # route_localnet (node ports on localhost off), no OOM score of its own.
+            "oomScoreAdj": 0,
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+            "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
+            # Node ports only on the node's own address; no cluster CIDR: pods' traffic
+            # to a service is not masqueraded (its endpoints are on this host).
+            "nodePortAddresses": ["primary"],
+        }
+        (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _spawn(self) -> None:
+        argv = [
+            str(kube_binaries().path("kube-proxy")),
+            f"--config={self.directory / 'config.yaml'}",
+            "--v=1",
+        ]
+        log_file = self.log_path.open("ab")
+        log_file.write(f"# {' '.join(argv)}\n".encode())
+        log_file.flush()
+        die_with_parent = sys.platform.startswith("linux") and (
+            threading.current_thread() is threading.main_thread()
+        )
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.directory,
+            env={**os.environ, "PATH": SYSTEM_PATH},
+            preexec_fn=_child_setup(die_with_parent),
+        )
+        self._proc = _Process("kube-proxy", popen, self.log_path, log_file)
+
+    def _wait_rules(self) -> None:
+        """Until kube-proxy is healthy (its first sync done) and the nat table sends the
+        `kubernetes` service's IP somewhere."""
+        proc = self._proc
+        assert proc is not None
+        url = f"http://127.0.0.1:{self._healthz_port}/healthz"
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if not proc.alive():
+                raise RealNodeError(
+                    f"kube-proxy exited while starting (exit code {proc.popen.poll()}); "
+                    f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    healthy = resp.status == 200
+                rules = _run([_tool("iptables"), "-t", "nat", "-S", "KUBE-SERVICES"], check=False)
+                if healthy and "default/kubernetes:https cluster IP" in rules:
+                    return
+            if time.monotonic() > deadline:
+                raise RealNodeError(
+                    f"kube-proxy made no rules for the API server's service within "
+                    f"{self.start_timeout:.0f}s; last lines of {self.log_path}:\n"
+                    f"{_log_tail(self.log_path)}"
+                )
+            time.sleep(0.2)
