@@ -204,13 +204,30 @@ def audit_in(cp: ControlPlane, since: datetime, until: datetime) -> list[dict[st
     return out
 
 
-def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> dict[str, Any]:
+def passes_and_wakes(metrics: str) -> tuple[float, float]:
+    """The operator's passes (every pipeline, every result) and the passes a change
+    called for (`dedup_operator_passes_woken_total`), from its /metrics."""
+    totals = [0.0, 0.0]
+    for line in metrics.splitlines():
+        for i, name in enumerate(
+            ("dedup_operator_reconciles_total{", "dedup_operator_passes_woken_total{")
+        ):
+            if line.startswith(name):
+                totals[i] += float(line.rsplit(" ", 1)[1])
+    return totals[0], totals[1]
+
+
+def steady(
+    cp: ControlPlane, op: OperatorProcess, pid: int, kubelets: Kubelets, seconds: float
+) -> dict[str, Any]:
     rounds_before = len(kubelets.step_seconds)
+    passes0, woken0 = passes_and_wakes(op.metrics())
     cpu0, busy0, start = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
     t0 = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - t0
     cpu1, busy1, end = cpu_seconds(pid), host_busy(), datetime.now().astimezone()
+    passes1, woken1 = passes_and_wakes(op.metrics())
     events = audit_in(cp, start, end)
     verbs = Counter(str(e.get("verb")) for e in events)
 
@@ -234,6 +251,8 @@ def steady(cp: ControlPlane, pid: int, kubelets: Kubelets, seconds: float) -> di
         "requests_per_s": {verb: n / elapsed for verb, n in sorted(verbs.items())},
         "lists": verbs.get("list", 0),
         "status_writes_per_s": status_writes / elapsed,
+        "passes_per_s": (passes1 - passes0) / elapsed,
+        "woken_per_s": (woken1 - woken0) / elapsed,
         "host_cpu": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
         "round_s": (statistics.median(rounds), max(rounds)) if rounds else (0.0, 0.0),
     }
@@ -437,13 +456,14 @@ def main() -> int:
             f"operator: apply -> all {total:,} partitions Ready {apply_s:.1f}s{ratio}", flush=True
         )
         pid = op.operator_pid()
-        s = steady(cp, pid, kubelets, args.steady_s)
+        s = steady(cp, op, pid, kubelets, args.steady_s)
         verbs = ", ".join(f"{v} {r:.2f}/s" for v, r in s["requests_per_s"].items())
         saturated = s["host_cpu"] > 0.9 or s["round_s"][1] > 5.0
         print(
             f"steady ({s['seconds']:.0f}s): operator CPU {s['cpu_share']:.1%} of a core (target <= {TARGET_CPU:.0%}), "
             f"peak RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
-            f"status writes {s['status_writes_per_s']:.2f}/s; host CPU {s['host_cpu']:.0%}; simulation rounds "
+            f"status writes {s['status_writes_per_s']:.2f}/s; passes {s['passes_per_s']:.2f}/s (woken by a change "
+            f"{s['woken_per_s']:.2f}/s); host CPU {s['host_cpu']:.0%}; simulation rounds "
             f"median {s['round_s'][0]:.2f}s max {s['round_s'][1]:.2f}s{' (SATURATED)' if saturated else ''}",
             flush=True,
         )

@@ -77,9 +77,11 @@ class DeleteAuditObject:
 @dataclass(frozen=True)
 class RememberObjectsEnsured:
     """The pipeline's own objects of `generation` are ensured (the next ensure is due
-    after ReconcileSettings.ensure_s, or at once on a spec change)."""
+    after ReconcileSettings.ensure_s, or at once on a spec change); `applied`: the
+    digest of what was written (`plan.objects_applied`), for status.objectsApplied."""
 
     generation: int
+    applied: str | None = None
 
 
 @dataclass(frozen=True)

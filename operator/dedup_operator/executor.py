@@ -135,6 +135,8 @@ def _delete_audit_object(action: DeleteAuditObject, acting: Acting) -> None:
 
 def _remember_objects_ensured(action: RememberObjectsEnsured, acting: Acting) -> None:
     acting.memory.ensured = (action.generation, time.monotonic())
+    if action.applied is not None:
+        acting.memory.applied = action.applied
 
 
 def _create_volume_claim(action: CreateVolumeClaim, acting: Acting) -> None:

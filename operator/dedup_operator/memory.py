@@ -46,6 +46,7 @@ class Recalled:
     audit_unreadable: str | None = None  # the unreadable-summary message already told
     switch_ignored_told: bool = False  # the ignored switch annotation was told
     topic_told: str | None = None  # the failing TopicReady reason told as an ERROR
+    applied: str | None = None  # the digest of the pipeline's own objects as written
 
 
 @dataclass
@@ -62,6 +63,7 @@ class PipelineMemory:
     # status that records it was not written: a pass abandoned on a Conflict)
     topic_told: str | None = None
     counters: ScrapedCounters | None = None  # the workers' counters, as last scraped
+    applied: str | None = None  # the digest of its own objects as this process wrote them
     steps_in_a_row: int = 0  # passes in a row followed at once (handlers.next_pass_in)
 
     def meet(self, uid: str) -> None:
@@ -71,6 +73,7 @@ class PipelineMemory:
             self.uid, self.ensured, self.topic, self.counters = uid, None, None, None
             self.topic_told = None
             self.switch_ignored_told = False
+            self.applied = None
 
     def recalled(self, monotonic: float) -> Recalled:
         ensured = self.ensured
@@ -79,6 +82,7 @@ class PipelineMemory:
             audit_unreadable=self.audit_unreadable,
             switch_ignored_told=self.switch_ignored_told,
             topic_told=self.topic_told,
+            applied=self.applied,
         )
 
 

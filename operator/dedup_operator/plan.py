@@ -22,6 +22,8 @@ an action's outcome matters (a taint someone else's got there first), keeps trac
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -660,11 +662,25 @@ def pipeline_status(
         ),
         "partitions": [e.to_status() for e in entries],
     }
+    applied = _objects_applied_status(obs, plan)
+    if applied:
+        status["objectsApplied"] = applied
     if plan.ownership is not None:
         status[OWNERSHIP_KEY] = dict(plan.ownership)
     if last_audit:
         status["lastReconciliation"] = dict(last_audit)
     return status
+
+
+def _objects_applied_status(obs: PipelineObservation, plan: Plan) -> str | None:
+    """status.objectsApplied: the digest this pass wrote its objects with, else the one
+    this process did, else as recorded."""
+    written = (a.applied for a in plan.actions if isinstance(a, RememberObjectsEnsured))
+    return (
+        next((d for d in written if d), None)
+        or obs.recalled.applied
+        or obs.previous.get("objectsApplied")
+    )
 
 
 def _status_entries(
@@ -789,23 +805,55 @@ def _complete(
     )
 
 
+def objects_applied(obs: PipelineObservation) -> str:
+    """A digest of the pipeline's own objects as this operator writes them (the
+    workers' ServiceAccount, Role, RoleBinding, Service, budget, the scheduled audit's
+    objects): recorded in `status.objectsApplied` once written, so that a new process
+    (a restart, a new leader) writes nothing where they are what it would write."""
+    spec, owner = obs.spec, obs.owner
+    objects = [
+        *pipeline_objects(spec, owner),
+        role(spec, owner),
+        disruption_budget(spec, owner),
+        *(
+            [
+                *scheduled_audit.reconciliation_objects(spec, owner, obs.spark_operator),
+                scheduled_audit.role(spec, owner),
+            ]
+            if spec.reconciliation is not None
+            else []
+        ),
+    ]
+    text = json.dumps(objects, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> list[PassAction]:
     """The pipeline's own objects (on spec changes and every ensure_s; their Role's
     rules and the budget's minAvailable written on spec changes and at the process's
-    first pass only, as they change with nothing else) and a volume claim per
+    first pass only, as they change with nothing else; not at the first pass when the
+    status records them as this process would write them) and a volume claim per
     partition, grown when spec.storage.size grows (from the claims as read: the next
     pass sees those created here)."""
     spec, owner = obs.spec, obs.owner
     ensured = obs.recalled.ensured
     changed = ensured is None or ensured[0] != obs.generation
     actions: list[PassAction] = []
+    digest = None
+    if changed:
+        digest = objects_applied(obs)
+        if ensured is None and obs.previous.get("objectsApplied") == digest:
+            # a new process (restart, new leader): as recorded, nothing to write; their
+            # existence is checked every ensure_s from now on
+            changed, digest = False, None
+            actions.append(RememberObjectsEnsured(obs.generation))
     if changed or (ensured is not None and ensured[1] > settings.ensure_s):
         actions += [EnsureObject(o) for o in pipeline_objects(spec, owner)]
         if changed:  # a spec change, or this process's first pass: writes, so not timed
             actions.append(ReplaceRoleRules(role(spec, owner)))
             actions.append(ReplaceDisruptionBudget(disruption_budget(spec, owner)))
         actions += _audit_schedule(obs, cleanup=changed)
-        actions.append(RememberObjectsEnsured(obs.generation))
+        actions.append(RememberObjectsEnsured(obs.generation, digest))
     for p in range(spec.partitions):
         claim_name = names.volume_claim(spec.name, p)
         claim = obs.claims.get(claim_name)

@@ -28,6 +28,7 @@ from dedup_operator.actions import (
     RememberAuditUnreadable,
     RememberObjectsEnsured,
     RememberTopicTold,
+    ReplaceRoleRules,
     ResizeVolumeClaim,
     SetFinalizer,
     Tell,
@@ -40,6 +41,7 @@ from dedup_operator.plan import (
     DeletedPipeline,
     InvalidSpec,
     MissingOwnedTopic,
+    objects_applied,
     plan_finalize,
     plan_invalid,
     plan_pass,
@@ -76,9 +78,11 @@ def audited(**reconciliation: Any) -> PipelineSpec:
 
 
 def test_the_pipelines_objects_are_ensured_on_a_spec_change_and_every_ensure_s() -> None:
-    first = plan_pass(observation(claims=CLAIMS), NOW)
+    first_obs = observation(claims=CLAIMS)
+    first = plan_pass(first_obs, NOW)
     assert kinds(first.actions)[:3] == ["EnsureObject"] * 3
-    assert RememberObjectsEnsured(1) in first.actions
+    digest = objects_applied(first_obs)
+    assert RememberObjectsEnsured(1, digest) in first.actions, "written: with their digest"
     assert not any(
         isinstance(a, EnsureObject)
         for a in plan_pass(observation(claims=CLAIMS, recalled=ENSURED), NOW).actions
@@ -91,7 +95,23 @@ def test_the_pipelines_objects_are_ensured_on_a_spec_change_and_every_ensure_s()
     )
     assert RememberObjectsEnsured(1) in again.actions
     changed = observation(claims=CLAIMS, recalled=ENSURED, generation=2)
-    assert RememberObjectsEnsured(2) in plan_pass(changed, NOW).actions
+    assert RememberObjectsEnsured(2, objects_applied(changed)) in plan_pass(changed, NOW).actions
+
+
+def test_a_new_process_writes_nothing_where_the_status_records_what_it_would_write() -> None:
+    """A restarted operator or a new leader (nothing remembered): the status's digest
+    of the objects as last written equals its own, so no write, only the remembering;
+    a digest of other objects (another operator version, another spec) writes them."""
+    fresh = observation(claims=CLAIMS)
+    recorded = observation(claims=CLAIMS, previous={"objectsApplied": objects_applied(fresh)})
+    plan = plan_pass(recorded, NOW)
+    assert not any(isinstance(a, (EnsureObject, ReplaceRoleRules)) for a in plan.actions)
+    assert RememberObjectsEnsured(1) in plan.actions
+    other = plan_pass(observation(claims=CLAIMS, previous={"objectsApplied": "0" * 16}), NOW)
+    assert any(isinstance(a, ReplaceRoleRules) for a in other.actions)
+    assert objects_applied(fresh) != objects_applied(observation(claims=CLAIMS, spec=audited())), (
+        "the scheduled audit's objects count"
+    )
 
 
 def test_a_spec_change_without_reconciliation_deletes_the_audit_objects() -> None:
