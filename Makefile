@@ -6,12 +6,12 @@ export DEDUP_CACHE ?= $(HOME)/.cache/dedup-operator
 VENV := $(DEDUP_CACHE)/venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-nodes setup-image test test-unit test-integration lint demo bench clean-cache install.yaml
+.PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image test test-unit test-integration lint demo bench clean-cache install.yaml
 
 # The builds side by side once the venv exists: the Go builds of Kubernetes are CPU-bound,
 # the image's mostly downloads and layer writes.
 setup: setup-python
-	@$(MAKE) --no-print-directory -j4 setup-kafka setup-spark setup-kube setup-nodes setup-image
+	@$(MAKE) --no-print-directory -j4 setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image
 
 setup-python:
 	@bash scripts/setup-python.sh
@@ -29,6 +29,11 @@ setup-kube:
 # the CNI plugins (apt-get), crictl, and the pause image compiled from the Kubernetes source.
 setup-nodes:
 	@bash scripts/setup-nodes.sh
+
+# The real nodes' volumes: csi-attacher and csi-provisioner from their Go modules, and
+# the project's CSI driver (local/csi-disk), a stand-in for a cloud disk.
+setup-csi:
+	@bash scripts/setup-csi.sh
 
 # The image from the Dockerfile (podman, on bases made from Debian packages).
 setup-image: setup-python

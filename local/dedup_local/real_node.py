@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -85,6 +85,17 @@ KUBELET_CONFIG: dict[str, Any] = {
     "serializeImagePulls": False,
     "shutdownGracePeriod": "0s",
 }
+
+
+class NodePlugin(Protocol):
+    """A host process of a node beside its kubelet, such as a CSI driver's node plugin
+    (`dedup_local.real_csi`): see `RealNode.add_plugin`."""
+
+    def start(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class RealNodeError(RuntimeError):
@@ -366,6 +377,7 @@ class RealNode:
         self._healthz_port = 0
         self._containerd: _Process | None = None
         self._kubelet: _Process | None = None
+        self._plugins: list[NodePlugin] = []
         self._partitioned = False
         self._atexit_registered = False
         self._die_with_parent = False
@@ -473,6 +485,9 @@ class RealNode:
             self._atexit_registered = False
         if self._dir is None:
             return
+        for plugin in self._plugins:
+            with contextlib.suppress(Exception):
+                plugin.stop()
         with contextlib.suppress(Exception):
             if self._kubelet is not None:
                 if self._partitioned:
@@ -522,6 +537,8 @@ class RealNode:
                     proc.popen.wait(timeout=10)
                 proc.log_file.close()
         self._kubelet = self._containerd = None
+        for plugin in self._plugins:
+            plugin.kill()
         for socket in sockets:  # a dead shim's socket stays behind in /run/containerd/s
             if socket is not None:
                 socket.unlink(missing_ok=True)
@@ -535,8 +552,16 @@ class RealNode:
         if self._kubelet is not None or self._containerd is not None:
             self.kill()
         self._start_containerd()
+        for plugin in self._plugins:
+            plugin.start()
         self._start_kubelet()
         self.wait_ready()
+
+    def add_plugin(self, plugin: NodePlugin) -> None:
+        """Run `plugin` as part of this node from now on: started here, killed with the
+        node by `kill()`, started again by `restart()`, stopped by `stop()` first."""
+        plugin.start()
+        self._plugins.append(plugin)
 
     def partition(self) -> None:
         """The kubelet no longer reaches the API server, while containerd, the shims and
