@@ -418,6 +418,9 @@ def main() -> int:
             kubelets.create_volumes(name, args.partitions)
         production = ("--topic-check-interval", "30", "--leader-lease-duration", str(LEADER_LEASE_S),
                       "--status-counters-interval", "60")  # fmt: skip
+        if args.operator_log:  # this run's lines only: "became leader" of an earlier run
+            for log in (args.operator_log, args.operator_log.with_suffix(".standby.log")):
+                log.unlink(missing_ok=True)  # would pass for this one's
         op = stack.enter_context(running_operator(kubeconfig, NAMESPACE, args.operator_log or tmp / "operator.log", interval=5.0, extra=production))  # fmt: skip
         wait_until(
             lambda: any(r.get("message") == "became leader" for r in op.log_records()),

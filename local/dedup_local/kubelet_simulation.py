@@ -11,9 +11,11 @@ each Lease was first renewed at each epoch (a replacement's first renewal).
 
 As the real parts do, each worker renews its Lease every third of its duration
 (`lease_clock.LeaseTiming`), one request each, and a node heartbeats every
-`heartbeat_s` (each step when 0, for the tests' 3-second timings); a step reads the pods
-and Leases as raw JSON, one list each. It does not serve /metrics. At a thousand workers
-a step still takes a while on two cores (`step_seconds` says how long).
+`heartbeat_s` (each step when 0, for the tests' 3-second timings). A step reads the pods
+and Leases from watches (the operator's `cache.WatchedKind`; its own renewals held at
+once), as a kubelet and a worker follow theirs: listing a thousand of each twice a
+second was most of the API server's work in the bench. It does not serve /metrics.
+`step_seconds` says how long each step took.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import lease_clock, names
 from dedup_contract.timefmt import format_micro_time, format_time, parse_time
+from dedup_operator.cache import WatchedKind
 
 
 def _items(response: Any) -> list[dict[str, Any]]:
@@ -72,6 +75,16 @@ class Kubelets:
         self.heartbeat_s = heartbeat_s
         self._reported: dict[str, float] = {}  # node -> monotonic time of its last report
         self._renewed: dict[str, float] = {}  # pod -> monotonic time of its last renewal
+        worker = f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
+        self._pods = WatchedKind(
+            f"simulated pods in {namespace}",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=worker,
+        )
+        self._leases = WatchedKind(
+            f"simulated leases in {namespace}", self.leases.list_namespaced_lease, namespace
+        )
 
     def create_volumes(self, pipeline: str, partitions: int) -> None:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
@@ -156,17 +169,25 @@ class Kubelets:
             if now - self._reported.get(node, float("-inf")) >= self.heartbeat_s:
                 self._report(node, True)
                 self._reported[node] = now
-        pods = _items(
-            self.core.list_namespaced_pod(
-                self.namespace,
-                label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
-                _preload_content=False,
+        # from the watches (a list while one is not in sync)
+        held_pods = self._pods.items()
+        pods = (
+            list(held_pods.values())
+            if held_pods is not None
+            else _items(
+                self.core.list_namespaced_pod(
+                    self.namespace,
+                    label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
+                    _preload_content=False,
+                )
             )
         )
-        # every Lease read at once (one request a step, not one a worker: hundreds of
-        # simulated workers renew within a step)
-        listed = _items(self.leases.list_namespaced_lease(self.namespace, _preload_content=False))
-        leases = {lease["metadata"]["name"]: lease for lease in listed}
+        leases = self._leases.items()
+        if leases is None:
+            listed = _items(
+                self.leases.list_namespaced_lease(self.namespace, _preload_content=False)
+            )
+            leases = {lease["metadata"]["name"]: lease for lease in listed}
         for pod in pods:
             meta, status = pod["metadata"], pod.get("status") or {}
             if (pod.get("spec") or {}).get("nodeName") not in self.up:
@@ -232,18 +253,30 @@ class Kubelets:
         }
         if not ours:
             body["spec"]["acquireTime"] = format_micro_time(wall)
-        self.leases.patch_namespaced_lease(lease_name, self.namespace, body)
+        try:
+            answer: Any = self.leases.patch_namespaced_lease(
+                lease_name, self.namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 409:  # changed since the watch told us: the next step
+                return
+            raise
+        self._leases.wrote(json.loads(answer.data))  # our renewal, held at once
         self._renewed[name] = now
         self.taken.setdefault((lease_name, epoch), now)
 
     def __enter__(self) -> Kubelets:
         self.create_nodes()
+        self._pods.start()
+        self._leases.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._pods.stop()
+        self._leases.stop()
         self.delete_nodes()
 
 
