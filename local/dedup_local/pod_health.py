@@ -13,12 +13,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kubernetes import client
 
 if TYPE_CHECKING:
-    from dedup_local.cluster import LocalCluster
+    from kubernetes.client import ApiClient
+
+
+class Cluster(Protocol):
+    """What is read of a cluster: `LocalCluster` and `RealCluster` both are one."""
+
+    def api_client(self) -> ApiClient: ...
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str: ...
+
 
 ERROR_LEVELS = {"ERROR", "CRITICAL"}
 # the API server's refusals as the clients print them: "Forbidden", "(403)", "code":403,
@@ -44,7 +53,7 @@ def log_problems(text: str) -> list[str]:
     return [line for line in text.splitlines() if error_line(line) or PERMISSION.search(line)]
 
 
-def unhealthy(cluster: LocalCluster, namespace: str, selector: str) -> list[str]:
+def unhealthy(cluster: Cluster, namespace: str, selector: str) -> list[str]:
     """What is wrong with the pods of `selector` in `namespace`: each restarted
     container, each ERROR line and permission warning of their logs (prefixed with the
     pod's name). Empty: healthy. Pods being deleted count too (their logs stay)."""

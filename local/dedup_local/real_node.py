@@ -451,7 +451,9 @@ class RealNode:
         )
         run = nodes_dir() / "run"
         run.mkdir(parents=True, exist_ok=True)
-        self._dir = run / self.name
+        # Named after the node and unique: clusters of concurrent runs may name their
+        # nodes alike (each has its own control plane), as `RealCluster`'s node-a.. do.
+        self._dir = run / f"{self.name}-{uuid.uuid4().hex[:6]}"
         if self._dir.exists():
             raise RealNodeError(f"{self._dir} exists: is a node named {self.name} running?")
         self._dir.mkdir()
