@@ -227,6 +227,8 @@ class WatchedKind:
                 version = None
 
     def _failed(self, exc: Exception, failures: int, wait_s: float | None = None) -> int:
+        if self._stop.is_set():  # stopped: the connection's end is expected, not told
+            return failures
         with self._lock:
             was_synced, self._synced = self._synced, False
         if was_synced or failures == 0:
