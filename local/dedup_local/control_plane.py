@@ -37,11 +37,11 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
+from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port, versions
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class _Process:
         self.log_file.close()
 
 
-class ControlPlane:
+class ControlPlane(Started):
     """etcd + kube-apiserver (+ kube-controller-manager + kube-scheduler) on loopback.
 
     Args:
@@ -371,17 +371,6 @@ class ControlPlane:
         return names
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> ControlPlane:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> ControlPlane:
         if self._started:
             return self

@@ -29,12 +29,12 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .cluster.cluster import ZONES, CloudNodeLifecycle
 from .cluster.timings import ClusterTimings
 from .control_plane import ControlPlane
+from .lifecycle import Started
 from .real_csi import STORAGE_CLASS, CsiController, CsiNodePlugin
 from .real_network import HostProxy
 from .real_node import RealNode, project_image_archive
@@ -49,7 +49,7 @@ IMAGE_TAGS = ("localhost/dedup-operator:dev", "docker.io/library/dedup-operator:
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 
 
-class RealCluster:
+class RealCluster(Started):
     """See the module docstring. `image`: the project's image reference (default: the
     last built, `image.built_ref()`); `startup` holds how long each part took (s)."""
 
@@ -118,17 +118,6 @@ class RealCluster:
         return "".join(out)
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> RealCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> RealCluster:
         from .image import built_ref
 

@@ -36,12 +36,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
 from .control_plane import ControlPlane, _child_setup, _log_tail, _Process
+from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir
 from .real_node import RealNode, _process_identity
 
@@ -112,7 +112,7 @@ def _wait(proc: _Process, ready: Callable[[], bool], what: str, timeout: float) 
         time.sleep(0.1)
 
 
-class CsiController:
+class CsiController(Started):
     """The controller side of the driver for one `ControlPlane(kubelets=True)` (see the
     module docstring); `add_node` runs the node side on a `RealNode`."""
 
@@ -150,17 +150,6 @@ class CsiController:
     def disks(self) -> dict[str, dict[str, Any]]:
         """The driver's records of its disks by id: name, capacity, `node` attached to."""
         return {path.stem: json.loads(path.read_text()) for path in self.disks_dir.glob("*.json")}
-
-    def __enter__(self) -> CsiController:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> CsiController:
         """Apply the sidecars' RBAC, the CSIDriver and the StorageClass; start the driver

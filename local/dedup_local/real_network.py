@@ -36,12 +36,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
 from .control_plane import _child_setup, _log_tail, _Process, kube_binaries
+from .lifecycle import Started
 from .paths import MissingArtifact, free_port
 from .real_node import (
     SUBNETS,
@@ -199,7 +199,7 @@ def _foreign_state() -> list[str]:
 
 
 # --------------------------------------------------------------------- kube-proxy
-class HostProxy:
+class HostProxy(Started):
     """The host's kube-proxy for one control plane's real nodes (module docstring).
 
     Args:
@@ -253,17 +253,6 @@ class HostProxy:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.alive()
-
-    def __enter__(self) -> HostProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> HostProxy:
         """Take the host's kube-proxy lock (waiting for another run's to stop), clean up

@@ -39,12 +39,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol
 
 import yaml
 
 from .control_plane import ControlPlane, _child_setup, _log_tail, _Process, kube_binaries
+from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port
 
 SETUP_HINT = "run: make setup-kube setup-nodes"
@@ -338,7 +338,7 @@ def restore_kernel_tunables(stopping: Path | None = None) -> None:
 
 
 # --------------------------------------------------------------------- the node
-class RealNode:
+class RealNode(Started):
     """One real node: kubelet + containerd + a bridge network (see the module docstring).
 
     Args:
@@ -424,17 +424,6 @@ class RealNode:
         return self.data_dir / "logs" / f"{component}.log"
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> RealNode:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> RealNode:
         """Make the node's directory, bridge, credentials and configuration, start
         containerd (importing the pause image) and the kubelet; returns once the Node

@@ -22,7 +22,6 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -32,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from dedup_operator.failover import SHUTDOWN_TAINT
 
 from ..control_plane import ControlPlane
+from ..lifecycle import Started
 from ..paths import cache_dir
 from .agent import NodeAgent
 from .attacher import STORAGE_CLASS, Attacher, as_json
@@ -197,7 +197,7 @@ class CloudNodeLifecycle:
         raise RuntimeError(f"cannot {'add' if present else 'remove'} {SHUTDOWN_TAINT} on {node}")
 
 
-class LocalCluster:
+class LocalCluster(Started):
     def __init__(
         self,
         nodes: int = 3,
@@ -264,17 +264,6 @@ class LocalCluster:
         return self._cp.kubectl(*args, input=input, check=check, timeout=timeout)
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> LocalCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> LocalCluster:
         if self._data_dir is None:
             # Not under /tmp: pods may mount an emptyDir over /tmp.
