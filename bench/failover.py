@@ -56,6 +56,17 @@ the development VM with other people's builds): figures are noisy. Targets: <= 3
 node death to the replacement's first commit on a dedicated node; <= 30 s from the
 shutdown taint to it on a shared node with the signal; the shared node without it is
 reported as it is.
+
+`--real-nodes` runs the `dedicated` case on real nodes instead (`RealCluster`, issue 28:
+kubelets with their own containerd, the host's kube-proxy, the disks through real CSI, so
+the out-of-service taint's detach is the real attach/detach controller's and the workers
+are containers of the project's image), with the same production timings (the kubelets'
+node Lease duration and status frequency from `ClusterTimings()` too), the broker on the
+control plane's host address, the operator still a host process. Only the dedicated case
+(the shared cases' foreign pod is a `busybox` pod the real nodes do not hold; the
+StatefulSet baseline is not run). The report prints the stand-in's last recorded figure
+(`failover.by_node_kind` in results.json) beside it; `--record` records it under its own
+key (`failover.real_nodes`).
 """
 
 from __future__ import annotations
@@ -87,10 +98,12 @@ from kubernetes.client.exceptions import ApiException
 from dedup_contract import names
 from dedup_contract.timefmt import parse_time
 from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.image import ensure_image
 from dedup_local.kafka import KafkaBroker
 from dedup_local.operator_process import running_operator
 from dedup_local.paths import REPO_ROOT
 from dedup_local.pipelines import cluster_pipeline_body
+from dedup_local.real_cluster import RealCluster
 from dedup_operator.desired.partition import worker_pod_template
 from dedup_operator.spec import PipelineSpec
 
@@ -283,7 +296,7 @@ class OutputWatch:
 
 # ---------------------------------------------------------------------------- cluster
 class Kube:
-    def __init__(self, cluster: LocalCluster, api: ApiClient) -> None:
+    def __init__(self, cluster: LocalCluster | RealCluster, api: ApiClient) -> None:
         self.cluster, self.api = cluster, api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -772,8 +785,13 @@ def report(
 ) -> None:
     loads = [k.load for runs in kills.values() for k in runs] or [os.getloadavg()[0]]
     print(f"\n$ {command}\n")
+    where = (
+        "real nodes (RealCluster: kubelet + containerd, kube-proxy, CSI disks)"
+        if args.real_nodes
+        else "local cluster, process runtime"
+    )
     print(
-        f"{os.cpu_count()} CPUs; local cluster, process runtime, ClusterTimings() (production);"
+        f"{os.cpu_count()} CPUs; {where}, ClusterTimings() (production);"
         f" CRD default failover (nodeLostAfter 20s, leaseDuration 15s, OutOfServiceTaint);"
         f" operator --interval {args.operator_interval:g}; traffic {args.rate} records/s per"
         f" partition; 1-minute load average at the kills {min(loads):.1f}-{max(loads):.1f}\n"
@@ -851,6 +869,18 @@ def report(
                 + "".join(f", {k} {v:.1f} s" for k, v in b.marks.items())
                 + f"; first commit {fmt(b.recovered_s)} s"
             )
+    if args.real_nodes:
+        print("\nBeside the stand-in's last recorded figures (bench/results.json):\n")
+        for case, n in kills:
+            totals = [k.total_s for k in kills[case, n]]
+            print(
+                f"- real nodes, {case.label}, {_partitions(n)}: "
+                f"{statistics.median(totals):.1f} s median (max {max(totals):.1f}), "
+                f"{len(totals)} kill{'s' if len(totals) > 1 else ''}"
+            )
+        for row in bench_results.load():
+            if row.key in ("failover.by_node_kind", "failover.defaults"):
+                print(f"- stand-in, {row.bench} ({row.date}, `{row.command}`): {row.figure}")
 
 
 def _partitions(n: int) -> str:
@@ -864,11 +894,29 @@ def figures(
     (if the dedicated case ran), and the kinds of node side by side (if a shared one ran)."""
     out = []
     dedicated = {n: runs for (case, n), runs in kills.items() if not case.foreign}
+    if args.real_nodes:
+        return [real_nodes_figure(dedicated)] if dedicated else []
     if dedicated:
         out.append(defaults_figure(args, dedicated, alone, manual))
     if any(case.foreign for case, _ in kills):
         out.append(node_kinds_figure(kills))
     return out
+
+
+def real_nodes_figure(dedicated: dict[int, list[Kill]]) -> bench_results.Figure:
+    parts = []
+    for n, runs in dedicated.items():
+        totals = [k.total_s for k in runs]
+        parts.append(
+            f"{statistics.median(totals):.1f} s median (max {max(totals):.1f}), {_partitions(n)}"
+        )
+    met = max(k.total_s for runs in dedicated.values() for k in runs) <= TARGET_S
+    return bench_results.Figure(
+        "failover.real_nodes",
+        "failover on real nodes, dedicated node, production timings",
+        "node killed to the replacement's first commit: " + "; ".join(parts),
+        f"<= {TARGET_S:.0f} s: {bench_results.verdict(met)}",
+    )
 
 
 def defaults_figure(
@@ -962,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cases",
-        default="dedicated,shared:1,shutdown",
+        default=None,
         help="the cases, each name[:kills] (without kills: --kills), comma-separated, in "
         f"order: {', '.join(f'{c.key} ({c.label})' for c in CASES.values())}",
     )
@@ -979,21 +1027,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=15, help="kill phases")
     parser.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    parser.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="the dedicated case on real nodes (RealCluster: kubelets, containerd, CSI); "
+        "--cases defaults to dedicated and may name nothing else; no StatefulSet baseline",
+    )
     bench_results.add_arguments(parser)
     args = parser.parse_args(argv)
     command = "python bench/failover.py " + " ".join(argv if argv is not None else sys.argv[1:])
     counts = [int(n) for n in args.partitions.split(",") if n]
+    default_cases = "dedicated" if args.real_nodes else "dedicated,shared:1,shutdown"
     try:
-        cases = parse_cases(args.cases, args.kills)
+        cases = parse_cases(args.cases or default_cases, args.kills)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
+    if args.real_nodes:
+        if any(case.foreign for case, _ in cases):
+            parser.error("--real-nodes runs the dedicated case only")
+        args.skip_statefulset = True
     rng = random.Random(args.seed)
     kills: Runs = {}
     alone = manual = None
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-failover-") as scratch:
-        broker = stack.enter_context(KafkaBroker())
-        progress("starting the local cluster (production timings)")
-        cluster = stack.enter_context(LocalCluster(nodes=3, timings=ClusterTimings(), crds=CRDS))
+        cluster: LocalCluster | RealCluster
+        if args.real_nodes:
+            ensure_image()
+            progress("starting the cluster on real nodes (production timings)")
+            cluster = stack.enter_context(RealCluster(nodes=3, timings=ClusterTimings(), crds=CRDS))
+            progress(f"cluster start (s): { {k: round(v, 1) for k, v in cluster.startup.items()} }")
+            broker = stack.enter_context(KafkaBroker(host=cluster.broker_host))  # pods reach it
+        else:
+            broker = stack.enter_context(KafkaBroker())
+            progress("starting the local cluster (production timings)")
+            cluster = stack.enter_context(
+                LocalCluster(nodes=3, timings=ClusterTimings(), crds=CRDS)
+            )
         api = cluster.api_client()
         stack.callback(api.close)
         kube = Kube(cluster, api)

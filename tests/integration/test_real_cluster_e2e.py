@@ -9,6 +9,12 @@ node of partition 0 is killed under traffic (shut down, as a cloud reports it): 
 replacement on another node mounts the same disk (its VolumeAttachment moved) and the
 output stays exact. Health: the operator's and workers' pods 0 restarts, no ERROR line.
 
+A partitioned real node, beside another team's pod: with its pods cut off the API server
+too, the operator fences the old worker first, does not taint the node, force-deletes only
+its own pod, and the partition moves once healed; with only the kubelet stopped, the
+worker keeps its Lease and nothing is fenced until the heal. The foreign pod is left
+alone; the output stays exact.
+
 Own control plane and nodes, as tests/integration/test_real_kubelet.py (its docstring
 says why); the module names `kube` to run in the control-plane group's process, where the
 other real-node tests run (not the containers group: its session fixture would start a
@@ -17,12 +23,14 @@ second, podman-backed cluster beside this one on a 2-core machine).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -30,17 +38,18 @@ import yaml
 from kubernetes import client
 
 from dedup_contract import names
+from dedup_contract.timefmt import parse_time
 from dedup_local.chart import CHART, helm, template
 from dedup_local.cluster import ClusterTimings
 from dedup_local.image import ensure_image
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import versions
-from dedup_local.pod_health import unhealthy
+from dedup_local.pod_health import log_problems, unhealthy
 from dedup_local.real_cluster import RealCluster
 from dedup_local.real_csi import DRIVER
 from support import rbac_check
 from support.kube_fixtures import CRD_FILES, KubeCluster
-from support.operator_helpers import get_pipeline, wait_for
+from support.operator_helpers import condition, events, get_pipeline, wait_for, wait_for_event
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
@@ -301,5 +310,545 @@ def test_chart_on_real_nodes(
             cluster.restart(lost)
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
         drop_finalizers(api, ns, PIPELINE)
+        timings["test total"] = time.monotonic() - t_test
+        print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
+
+# ---------------------------------------------------------------- a partitioned real node
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+READS = {"get", "list", "watch"}
+
+
+def _foreign_pod(cluster: RealCluster, namespace: str, node_name: str) -> str:
+    """Another team's workload on `node_name`, in its own namespace: a plain pod of the
+    project's image running `sleep`, bound to the node, tolerating the node's unreachable
+    and not-ready taints for ever (as a pod with local data may) and not the
+    out-of-service taint: only that taint would evict it."""
+    name = "team-db-0"
+    tolerate = [
+        {"key": key, "operator": "Exists", "effect": "NoExecute"}
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node_name,
+                "tolerations": tolerate,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "localhost/dedup-operator:dev",
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "100000"],
+                    }
+                ],
+            },
+        },
+    )
+    wait_for(
+        lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running",
+        90,
+        f"pod {namespace}/{name} Running on {node_name}",
+    )
+    return name
+
+
+class PodsCutOffTheApi:
+    """The pods of a partitioned node lose the API server too, as on a real network
+    partition (`RealCluster.partition` only stops the kubelet; its pods would still reach
+    the API server through the host's kube-proxy rules): a DROP rule for the API server's
+    service IP and its host address:port in each running pod sandbox's own network
+    namespace (`nsenter` into the sandbox's pause process), nothing on the host. Kafka
+    (same host address, another port) stays reachable, as the stand-in's partition cuts
+    only the API. `restore()` deletes the rules of the sandboxes still there."""
+
+    def __init__(self, cluster: RealCluster, node: str) -> None:
+        from urllib.parse import urlparse
+
+        self.node = cluster.node(node)
+        url = urlparse(str(cluster.api_client().configuration.host))
+        self.rules = [
+            ["-d", "10.0.0.1/32", "-j", "DROP"],
+            ["-d", f"{url.hostname}/32", "-p", "tcp", "--dport", str(url.port), "-j", "DROP"],
+        ]
+        self.pids: list[int] = []
+
+    def _iptables(self, pid: int, op: str, rule: list[str], check: bool = True) -> None:
+        import subprocess
+
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{pid}/ns/net", "iptables", "-w", op, "OUTPUT", *rule],
+            check=check,
+            capture_output=True,
+            timeout=30,
+        )
+
+    def cut(self) -> list[str]:
+        cut = []
+        sandboxes = json.loads(self.node.crictl("pods", "--state", "ready", "-o", "json"))
+        for sandbox in sandboxes.get("items") or []:
+            info = json.loads(self.node.crictl("inspectp", sandbox["id"]))
+            pid = int(info["info"]["pid"])
+            for rule in self.rules:
+                self._iptables(pid, "-I", rule)
+            self.pids.append(pid)
+            meta = sandbox["metadata"]
+            cut.append(f"{meta['namespace']}/{meta['name']}")
+        return cut
+
+    def restore(self) -> None:
+        for pid in self.pids:
+            for rule in self.rules:
+                self._iptables(pid, "-D", rule, check=False)  # gone with its pod: fine
+        self.pids.clear()
+
+
+class NodeWatch:
+    """Polls (0.2 s) whether the node was ever tainted out-of-service, and whether the
+    foreign pod was ever deleted, evicted or gone."""
+
+    def __init__(self, cluster: RealCluster, node: str, namespace: str, pod: str) -> None:
+        import threading
+
+        self.core = client.CoreV1Api(cluster.api_client())
+        self.node, self.namespace, self.pod = node, namespace, pod
+        self.tainted: list[float] = []
+        self.pod_touched: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                node = self.core.read_node(self.node)
+                if OUT_OF_SERVICE in {t.key for t in node.spec.taints or []}:
+                    self.tainted.append(time.monotonic() - self._t0)
+                pod = self.core.read_namespaced_pod(self.pod, self.namespace)
+                if pod.metadata.deletion_timestamp or pod.spec.node_name != self.node:
+                    self.pod_touched.append(f"deleting {pod.metadata.deletion_timestamp}")
+            except client.exceptions.ApiException as exc:
+                if exc.status == 404:
+                    self.pod_touched.append("gone (404)")
+            except Exception:  # a failed read is no evidence either way
+                pass
+
+    def __enter__(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _delete_pipelines(cluster: RealCluster) -> None:
+    """Every DedupPipeline of the cluster gone (finalizers dropped: no operator may be
+    running): an earlier test's pipeline, whose broker closed with that test, would make
+    the next operator log KafkaUnreachable about it."""
+    api = cluster.api_client()
+    custom = client.CustomObjectsApi(api)
+    found = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)
+    for item in found.get("items") or []:
+        ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
+        drop_finalizers(api, ns, name)
+        with contextlib.suppress(client.exceptions.ApiException):
+            custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, ns, names.PLURAL, name
+            )
+    wait_for(
+        lambda: (
+            not custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)["items"]
+        ),
+        60,
+        "no DedupPipeline left",
+    )
+
+
+class LogKeeper:
+    """Keeps a copy of a pod's log, read every 0.3 s: the kubelet deletes a deleted pod's
+    log files once it stops its containers (here: when the node is healed)."""
+
+    def __init__(self, cluster: RealCluster, namespace: str, pod: str) -> None:
+        import threading
+
+        self.cluster, self.namespace, self.pod = cluster, namespace, pod
+        self.text = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                text = self.cluster.pod_log(self.namespace, self.pod)
+                if len(text) >= len(self.text):
+                    self.text = text
+            if self._stop.wait(0.3):
+                return
+
+    def __enter__(self) -> LogKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _json_lines(cluster: RealCluster, ns: str, pod: str) -> list[dict[str, Any]]:
+    out = []
+    for line in cluster.pod_log(ns, pod).splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+def _log_time(line: dict[str, Any]) -> float:
+    """The logging module's `time` field ("2026-11-22 11:47:17,811", the pod's local
+    time: UTC in the image)."""
+    stamp, millis = str(line["time"]).split(",")
+    parsed = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    return parsed.timestamp() + int(millis) / 1000
+
+
+def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
+    real_cluster: RealCluster, kafka_broker_factory: Callable[..., KafkaBroker]
+) -> None:
+    """Partition 0's worker runs on node X beside another team's pod (another namespace,
+    not tolerating the out-of-service taint). X is partitioned: its kubelet stopped
+    (`RealCluster.partition`) and its pods cut off the API server (`PodsCutOffTheApi`);
+    every container keeps running and reaching Kafka. The old worker pauses by its own
+    clock; the operator fences its Lease (run out, holder cleared) before anything else,
+    does not taint X (the foreign pod: `TaintBlocked`, the OutOfServiceTaintBlocked Event
+    and the FailingOver condition name it), force-deletes only its own pod and waits for
+    the detach. Healed, the kubelet stops the old worker, the disk detaches and the
+    partition runs on another node; X never tainted, the foreign pod never deleted (nor
+    asked to be by the operator), the output exact."""
+    cluster = real_cluster
+    t_test = time.monotonic()
+    timings: dict[str, float] = {}
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    broker = kafka_broker_factory(host=cluster.broker_host)
+    topic = f"real-cut-{uuid.uuid4().hex[:8]}"
+    for name in (topic, f"{topic}-out", f"{topic}-dlq"):
+        broker.create_topic(name, 2)
+    ns, team = f"real-cut-{uuid.uuid4().hex[:6]}", f"team-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "namespace", team)
+    wait_for(
+        lambda: core.list_namespaced_service_account(team).items, 60, f"{team}'s ServiceAccount"
+    )
+    _delete_pipelines(cluster)  # an earlier test's, its broker gone
+    sets = [arg for value in VALUES for arg in ("--set", value)]
+    helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
+    cut: str | None = None
+    pods_cut: PodsCutOffTheApi | None = None
+    try:
+        body = cluster_pipeline_body(
+            PIPELINE, broker.bootstrap, topic, cluster.storage_class, 2,
+            worker={"batchSize": 200, "lingerMs": 20},
+            failover={"nodeLostAfter": "5s", "leaseDuration": "5s"},
+        )  # fmt: skip
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+        ready_pipeline(api, ns, PIPELINE, 2)
+        traffic = Traffic(broker.bootstrap, topic, 2)
+        with traffic.running():
+            wait_published(broker.bootstrap, topic, 0, 300)
+            before = partition_entry(api, ns, PIPELINE, 0)
+            cut, old_pod = before["node"], before["pod"]
+            foreign = _foreign_pod(cluster, team, cut)
+            foreign_ref = f"{team}/{foreign}"
+            on_cut = [p for p in core.list_pod_for_all_namespaces().items
+                      if p.spec.node_name == cut]  # fmt: skip
+            print(
+                f"on {cut}: {sorted(f'{p.metadata.namespace}/{p.metadata.name}' for p in on_cut)}"
+            )
+            claim = names.volume_claim(PIPELINE, 0)
+            assert attached_to(cluster, ns, claim, cut)
+            with (
+                NodeWatch(cluster, cut, team, foreign) as watch,
+                LogKeeper(cluster, ns, old_pod) as old_log,
+            ):
+                pods_cut = PodsCutOffTheApi(cluster, cut)
+                cut_at, t0 = time.time(), time.monotonic()
+                cluster.partition(cut)
+                print(f"partitioned {cut}; pods cut off the API: {pods_cut.cut()}")
+
+                def fenced() -> dict[str, Any] | None:
+                    h = partition_entry(api, ns, PIPELINE, 0).get("handover") or {}
+                    return h if "fenced" in (h.get("steps") or {}) else None
+
+                h = wait_for(fenced, 90, "the operator to fence the old worker", every=0.2)
+                timings["partitioned -> fenced"] = time.monotonic() - t0
+                lease = client.CoordinationV1Api(api).read_namespaced_lease(f"{PIPELINE}-p0", ns)
+                assert lease.spec.holder_identity != old_pod, lease.spec
+                warned = wait_for_event(
+                    api, ns, PIPELINE, "Warning", "OutOfServiceTaintBlocked", timeout=60
+                )
+                timings["partitioned -> OutOfServiceTaintBlocked"] = time.monotonic() - t0
+                print(f"OutOfServiceTaintBlocked: {warned[0]}")
+                assert foreign_ref in warned[0] and cut in warned[0], warned
+                failing = condition(get_pipeline(api, ns, PIPELINE), "FailingOver")
+                print(f"FailingOver: {failing}")
+                assert failing and "not tainting" in failing["message"], failing
+                assert foreign_ref in failing["message"], failing
+
+                def released() -> dict[str, Any] | None:
+                    h = partition_entry(api, ns, PIPELINE, 0).get("handover") or {}
+                    return h if "released" in (h.get("steps") or {}) else None
+
+                # The release is recorded before the pod's deletion, its step after.
+                h = wait_for(released, 30, "the old pod released", every=0.2)
+                print(f"handover while partitioned: {json.dumps(h)}")
+                assert h.get("release") == "TaintBlocked", h
+                steps = h["steps"]
+                assert steps["fenced"] <= steps["released"], steps
+                # The old worker, still running and reaching Kafka, stopped committing by
+                # its own clock before its Lease ran out for anyone else.
+                paused = wait_for(
+                    lambda: [x for x in _json_lines(cluster, ns, old_pod)
+                             if str(x.get("message", "")).startswith("paused: the")],
+                    30, f"{old_pod} to pause",
+                )  # fmt: skip
+                # The operator does not release it any other way: a while longer, the
+                # node stays untainted and the partition waits (the controller's own
+                # force-detach is 6 minutes away).
+                time.sleep(10)
+                assert not watch.tainted, f"{cut} tainted out-of-service at {watch.tainted[:1]}"
+                assert partition_entry(api, ns, PIPELINE, 0).get("handover"), "moved already?"
+                healed = time.monotonic()
+                cluster.heal(cut)
+                pods_cut.restore()
+                after = wait_moved_off(cluster, ns, PIPELINE, 0, cut, timeout=240, every=1)
+                timings["healed -> partition 0 Ready elsewhere"] = time.monotonic() - healed
+                assert wait_for(
+                    lambda: attached_to(cluster, ns, claim, after["node"]), 60, "the disk to move"
+                )
+                sent = traffic.sent
+                wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the move")
+                time.sleep(3)
+        print(f"partition 0 moved {cut} -> {after['node']}; handover {after['lastHandover']}")
+        last = after["lastHandover"]
+        assert after["epoch"] == before["epoch"] + 1
+        assert last["release"] == "TaintBlocked" and foreign_ref in last["releaseWhy"], last
+        assert min(last["steps"], key=last["steps"].get) == "fenced", last["steps"]
+        assert not watch.tainted, f"{cut} was tainted out-of-service"
+        assert not watch.pod_touched, watch.pod_touched
+        reasons = [e[1] for e in events(api, ns, PIPELINE)]
+        assert "OutOfServiceTaintBlocked" in reasons and "NodeOutOfService" not in reasons
+        other = core.read_namespaced_pod(foreign, team)
+        assert other.metadata.deletion_timestamp is None and other.spec.node_name == cut
+        assert other.status.phase == "Running", other.status
+        assert other.status.container_statuses[0].restart_count == 0, other.status
+        # The Lease: the replacement holds it; the old worker's last commit came before
+        # it paused, which came before the Lease was taken, before the replacement's
+        # first commit.
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(f"{PIPELINE}-p0", ns)
+        assert lease.spec.holder_identity == after["pod"], lease.spec
+        taken = lease.spec.acquire_time.timestamp()
+        old_stopped = _log_time(paused[0])
+        old_last_commit = float(paused[0]["last_commit"])
+        first = wait_for(
+            lambda: [x for x in _json_lines(cluster, ns, after["pod"])
+                     if x.get("message") == "first transaction committed"],
+            60, "the replacement's first commit",
+        )  # fmt: skip
+        new_first_commit = float(first[0]["commit_sent"])
+        fenced_at = parse_time(last["started"]).timestamp() + float(last["steps"]["fenced"])
+        print(
+            f"after the cut: old last commit {old_last_commit - cut_at:+.2f}s, old paused "
+            f"{old_stopped - cut_at:+.2f}s, fenced {fenced_at - cut_at:+.2f}s, Lease taken by "
+            f"{after['pod']} {taken - cut_at:+.2f}s, new first commit {new_first_commit - cut_at:+.2f}s"
+        )
+        assert old_last_commit < old_stopped < fenced_at <= taken <= new_first_commit
+        t0 = time.monotonic()
+        assert_output_exact(broker.bootstrap, topic, traffic)
+        print(f"sent {traffic.sent} records ({traffic.duplicates} duplicates); "
+              f"output exact, checked in {time.monotonic() - t0:.1f}s")  # fmt: skip
+        # The operator's ServiceAccount asked nothing of the foreign namespace but reads.
+        assert cluster.control_plane is not None
+        asked = rbac_check.requests(
+            cluster.control_plane.audit_events(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
+        )
+        touched = [str(r) for r in asked if r.namespace == team and r.verb not in READS]
+        assert touched == [], touched
+        # Health: the new worker, the other partition's and the operator pods: no restart;
+        # ERROR lines only where the test cut a pod off the API server (printed).
+        problems = unhealthy(cluster, ns, WORKER_SELECTOR) + unhealthy(
+            cluster, NAMESPACE, OPERATOR_SELECTOR
+        )
+        print("pod problems:\n  " + "\n  ".join(problems))
+        # The old worker's log (as kept while it ran: the kubelet deletes a deleted pod's
+        # log files): printed, with its ERROR lines.
+        print(f"{old_pod}: last lines:\n{old_log.text[-2500:]}")
+        print(f"{old_pod}: ERROR lines: {log_problems(old_log.text)}")
+        cut_pods = {p.metadata.name for p in on_cut}
+        unexpected = [p for p in problems if not any(p.startswith(f"{name}:") for name in cut_pods)]
+        assert unexpected == [], unexpected
+        wait_untainted(cluster, cut)
+    finally:
+        if pods_cut is not None:
+            pods_cut.restore()
+        if cut is not None:
+            cluster.heal(cut)
+        helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
+        _delete_pipelines(cluster)
+        cluster.kubectl("delete", "namespace", team, "--wait=false", check=False)
+        timings["test total"] = time.monotonic() - t_test
+        print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
+
+def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
+    real_cluster: RealCluster, kafka_broker_factory: Callable[..., KafkaBroker]
+) -> None:
+    """`RealCluster.partition` alone: the kubelet of node X stopped, while X's pods still
+    reach the API server (through the host's kube-proxy rules) and Kafka, beside another
+    team's pod. The node is judged lost (its heartbeat Lease stops), but its worker keeps
+    renewing its partition Lease, so there is nothing to fence: the operator never clears
+    the Lease, never taints X, never touches the foreign pod, and the old worker keeps
+    committing (the node's NotReady and the taint-eviction of what does not tolerate it
+    cannot stop a container without its kubelet). Healed, the partition runs again
+    (where it was, or moved the graceful way) and the output is exact."""
+    cluster = real_cluster
+    t_test = time.monotonic()
+    timings: dict[str, float] = {}
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    broker = kafka_broker_factory(host=cluster.broker_host)
+    topic = f"real-stop-{uuid.uuid4().hex[:8]}"
+    for name in (topic, f"{topic}-out", f"{topic}-dlq"):
+        broker.create_topic(name, 2)
+    ns, team = f"real-stop-{uuid.uuid4().hex[:6]}", f"team-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "namespace", team)
+    wait_for(
+        lambda: core.list_namespaced_service_account(team).items, 60, f"{team}'s ServiceAccount"
+    )
+    _delete_pipelines(cluster)  # an earlier test's, its broker gone
+    sets = [arg for value in VALUES for arg in ("--set", value)]
+    helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
+    cut: str | None = None
+    try:
+        body = cluster_pipeline_body(
+            PIPELINE, broker.bootstrap, topic, cluster.storage_class, 2,
+            worker={"batchSize": 200, "lingerMs": 20},
+            failover={"nodeLostAfter": "5s", "leaseDuration": "5s"},
+        )  # fmt: skip
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(body))
+        ready_pipeline(api, ns, PIPELINE, 2)
+        traffic = Traffic(broker.bootstrap, topic, 2)
+        with traffic.running():
+            wait_published(broker.bootstrap, topic, 0, 300)
+            before = partition_entry(api, ns, PIPELINE, 0)
+            cut, old_pod = before["node"], before["pod"]
+            foreign = _foreign_pod(cluster, team, cut)
+            on_cut = [p for p in core.list_pod_for_all_namespaces().items
+                      if p.spec.node_name == cut]  # fmt: skip
+            print(
+                f"on {cut}: {sorted(f'{p.metadata.namespace}/{p.metadata.name}' for p in on_cut)}"
+            )
+            with (
+                NodeWatch(cluster, cut, team, foreign) as watch,
+                LogKeeper(cluster, ns, old_pod) as old_log,
+            ):
+                t0 = time.monotonic()
+                cluster.partition(cut)
+                print(f"partitioned {cut} (kubelet stopped) running {old_pod}")
+                # Past the node's NotReady (8 s) and the unreachable taint's tolerations
+                # (10 s): what Kubernetes does to a lost node's pods has been done.
+                wait_for(
+                    lambda: cluster.node(cut).ready_status() in ("False", "Unknown"),
+                    60,
+                    f"{cut} NotReady",
+                )
+                timings["partitioned -> NotReady"] = time.monotonic() - t0
+                published = len(output_ids(broker.bootstrap, f"{topic}-out", 0))
+                seen: list[dict[str, Any]] = []
+                deadline = time.monotonic() + 25
+                while time.monotonic() < deadline:
+                    h = partition_entry(api, ns, PIPELINE, 0).get("handover")
+                    if h and h not in seen:
+                        seen.append(h)
+                    time.sleep(0.5)
+                print(f"handovers seen while partitioned: {json.dumps(seen)}")
+                for h in seen:
+                    assert "fenced" not in (h.get("steps") or {}), h
+                lease = client.CoordinationV1Api(api).read_namespaced_lease(f"{PIPELINE}-p0", ns)
+                assert lease.spec.holder_identity == old_pod, lease.spec
+                now = len(output_ids(broker.bootstrap, f"{topic}-out", 0))
+                print(f"partition 0's output while partitioned: {published} -> {now}")
+                assert now > published, "the old worker stopped committing"
+                assert not watch.tainted, f"{cut} tainted out-of-service"
+                old = core.read_namespaced_pod(old_pod, ns)
+                print(f"{old_pod}: deletionTimestamp {old.metadata.deletion_timestamp}")
+                healed, healed_at = time.monotonic(), time.time()
+                cluster.heal(cut)
+
+                def running_again() -> dict[str, Any] | None:
+                    e = partition_entry(api, ns, PIPELINE, 0)
+                    return e if e.get("ready") and not e.get("handover") else None
+
+                after = wait_for(running_again, 240, "partition 0 Ready again", every=1)
+                timings["healed -> partition 0 Ready"] = time.monotonic() - healed
+                sent = traffic.sent
+                wait_for(lambda: traffic.sent > sent + 400, 60, "traffic after the heal")
+                time.sleep(3)
+        print(f"partition 0 after the heal: {after['pod']} on {after['node']}, "
+              f"lastHandover {after.get('lastHandover')}")  # fmt: skip
+        if after["epoch"] != before["epoch"]:
+            # Moved: fenced only once the old worker let go of its Lease, after the heal
+            # (the kubelet, running again, stopped the pod the taint-eviction controller
+            # had deleted); released without the out-of-service taint.
+            last = after["lastHandover"]
+            fenced_at = parse_time(last["started"]).timestamp() + float(last["steps"]["fenced"])
+            print(f"fenced {fenced_at - healed_at:+.2f}s after the heal; release {last['release']}")
+            assert fenced_at > healed_at, last
+            assert last["release"] in ("Graceful", "TaintBlocked"), last
+        assert not watch.tainted, f"{cut} was tainted out-of-service"
+        assert not watch.pod_touched, watch.pod_touched
+        reasons = [e[1] for e in events(api, ns, PIPELINE)]
+        print(f"pipeline events: {reasons}")
+        assert "NodeOutOfService" not in reasons
+        other = core.read_namespaced_pod(foreign, team)
+        assert other.metadata.deletion_timestamp is None and other.spec.node_name == cut
+        assert other.status.phase == "Running", other.status
+        assert other.status.container_statuses[0].restart_count == 0, other.status
+        t0 = time.monotonic()
+        assert_output_exact(broker.bootstrap, topic, traffic)
+        print(f"sent {traffic.sent} records ({traffic.duplicates} duplicates); "
+              f"output exact, checked in {time.monotonic() - t0:.1f}s")  # fmt: skip
+        assert cluster.control_plane is not None
+        asked = rbac_check.requests(
+            cluster.control_plane.audit_events(f"system:serviceaccount:{NAMESPACE}:{RELEASE}")
+        )
+        touched = [str(r) for r in asked if r.namespace == team and r.verb not in READS]
+        assert touched == [], touched
+        problems = unhealthy(cluster, ns, WORKER_SELECTOR) + unhealthy(
+            cluster, NAMESPACE, OPERATOR_SELECTOR
+        )
+        print("pod problems:\n  " + "\n  ".join(problems))
+        # The old worker's log (as kept while it ran: the kubelet deletes a deleted pod's
+        # log files): printed, with its ERROR lines.
+        print(f"{old_pod}: last lines:\n{old_log.text[-2500:]}")
+        print(f"{old_pod}: ERROR lines: {log_problems(old_log.text)}")
+        cut_pods = {p.metadata.name for p in on_cut}
+        unexpected = [p for p in problems if not any(p.startswith(f"{name}:") for name in cut_pods)]
+        assert unexpected == [], unexpected
+    finally:
+        if cut is not None:
+            cluster.heal(cut)
+        helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
+        _delete_pipelines(cluster)
+        cluster.kubectl("delete", "namespace", team, "--wait=false", check=False)
         timings["test total"] = time.monotonic() - t_test
         print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
