@@ -43,7 +43,7 @@ import yaml
 from .control_plane import ControlPlane, _child_setup, _log_tail, _Process
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir
-from .real_node import RealNode, _process_identity
+from .real_node import UNIX_SOCKET_MAX, RealNode, _process_identity
 
 SETUP_HINT = "run: make setup-csi"
 DRIVER = "disk.dedup.local"
@@ -310,6 +310,11 @@ class CsiNodePlugin:
         if self.running:
             return
         self.socket.unlink(missing_ok=True)
+        if len(str(self.registration_socket)) > UNIX_SOCKET_MAX:
+            raise CsiError(
+                f"{self.registration_socket} is longer than the {UNIX_SOCKET_MAX} bytes a unix "
+                "socket's path may have: set DEDUP_CACHE to a shorter directory"
+            )
         self.registration_socket.unlink(missing_ok=True)
         argv = [
             str(_binary("dedup-csi-disk")),

@@ -48,6 +48,7 @@ from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port
 
 SETUP_HINT = "run: make setup-kube setup-nodes"
+UNIX_SOCKET_MAX = 107  # bytes of a unix socket's path (sun_path, less its terminating NUL)
 SUBNETS = ipaddress.IPv4Network("10.200.0.0/16")  # one /24 per node: 10.200.N.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 KERNEL_TUNABLES = (
@@ -440,13 +441,17 @@ class RealNode(Started):
         )
         run = nodes_dir() / "run"
         run.mkdir(parents=True, exist_ok=True)
-        # Named after the node and unique: clusters of concurrent runs may name their
-        # nodes alike (each has its own control plane), as `RealCluster`'s node-a.. do.
-        self._dir = run / f"{self.name}-{uuid.uuid4().hex[:6]}"
+        # Short and unique: clusters of concurrent runs may name their nodes alike (each
+        # has its own control plane), as `RealCluster`'s node-a.. do; and the sockets
+        # under it (the kubelet's plugin registration) must fit a unix socket's 107
+        # bytes, which a directory named after the node overran (the node's name is in
+        # its `name` file).
+        self._dir = run / uuid.uuid4().hex[:8]
         if self._dir.exists():
             raise RealNodeError(f"{self._dir} exists: is a node named {self.name} running?")
         self._dir.mkdir()
         (self._dir / "owner").write_text(_process_identity(os.getpid()) + "\n")
+        (self._dir / "name").write_text(self.name + "\n")
         (self._dir / "logs").mkdir()
         if not self._atexit_registered:
             atexit.register(self.stop)

@@ -90,7 +90,12 @@ def test_zombie_learning_of_the_fence_from_produce_exits_3_with_one_line(
         wait_for_log(new_log, "worker ready")  # init_transactions done: old is fenced
         produce(kafka.bootstrap, cfg.input_topic, (event(i) for i in ids[5000:]))
         message = assert_fenced_once(old, old_log)
-        assert "learned during produce" in message
+        # Usually its produce() calls turn _FATAL mid-batch (the case the user met); on a
+        # loaded machine the whole batch may be queued before the broker's answer to its
+        # first AddPartitionsToTxn arrives, and the fence is learned at the commit's
+        # flush instead (seen in CI with four test groups and real nodes at once). Either
+        # way: one line, exit 3, nothing published twice.
+        assert "learned during produce" in message or "learned during commit" in message, message
         wait_committed(kafka.bootstrap, cfg.group, cfg.input_topic, len(ids), new_log)
     finally:
         for proc in (old, new):
