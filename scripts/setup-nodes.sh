@@ -84,10 +84,13 @@ pause_image() {
   local src dir digest tag ref tarball work layer_sha config_sha
   command -v gcc >/dev/null || die "nodes: gcc missing (for the pause image); install it: sudo apt-get install gcc libc6-dev"
   command -v go >/dev/null || die "go not found: install Go >= 1.24 (https://go.dev/dl/) and re-run"
-  mkdir -p "$DEDUP_CACHE/build"
-  dir="$(cd "$DEDUP_CACHE/build" && go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" \
+  # a directory of its own to run go in: setup-kube.sh, beside it under make -j, removes
+  # $DEDUP_CACHE/build when it is done (a shared one vanished under this cd once)
+  local modwork
+  modwork="$(mktemp -d "$NODES_HOME/mod.XXXXXX")"
+  dir="$(cd "$modwork" && go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" \
     | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
-  rmdir "$DEDUP_CACHE/build" 2>/dev/null || true
+  rmdir "$modwork" 2>/dev/null || true
   src="$dir/build/pause/linux/pause.c"
   [[ -f "$src" ]] || die "nodes: no $src in the Kubernetes module"
   # The tag its Makefile gives the image (TAG ?= 3.10.1).
