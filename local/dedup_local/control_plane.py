@@ -156,6 +156,39 @@ def _child_setup(die_with_parent: bool) -> Callable[[], None]:
     return setup
 
 
+def may_die_with_parent() -> bool:
+    """Whether a child started from this thread may be tied to this process's life
+    (PR_SET_PDEATHSIG follows the thread that started it: only the main thread's)."""
+    return sys.platform.startswith("linux") and (
+        threading.current_thread() is threading.main_thread()
+    )
+
+
+def spawn_logged(
+    name: str,
+    argv: list[str],
+    log_path: Path,
+    cwd: Path,
+    die_with_parent: bool,
+    env: Mapping[str, str] | None = None,
+) -> _Process:
+    """`argv` started in its own process group (`_child_setup`), its output appended to
+    `log_path` after a line naming the command."""
+    log_file = log_path.open("ab")
+    log_file.write(f"# {' '.join(argv)}\n".encode())
+    log_file.flush()
+    popen = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        preexec_fn=_child_setup(die_with_parent),
+    )
+    return _Process(name, popen, log_path, log_file)
+
+
 @dataclass
 class _Process:
     name: str
@@ -379,9 +412,7 @@ class ControlPlane(Started):
             needed += ["kube-controller-manager", "kube-scheduler"]
         self.binaries.require(*needed)
         t0 = time.monotonic()
-        self._die_with_parent = sys.platform.startswith("linux") and (
-            threading.current_thread() is threading.main_thread()
-        )
+        self._die_with_parent = may_die_with_parent()
         if self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix="dedup-kube-"))
         self._data_dir.mkdir(parents=True, exist_ok=True)
@@ -611,19 +642,7 @@ class ControlPlane(Started):
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, name: str, argv: list[str]) -> _Process:
-        log_path = self.log_path(name)
-        log_file = log_path.open("ab")
-        log_file.write(f"# {' '.join(argv)}\n".encode())
-        log_file.flush()
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=self.data_dir,
-            preexec_fn=_child_setup(self._die_with_parent),
-        )
-        proc = _Process(name, popen, log_path, log_file)
+        proc = spawn_logged(name, argv, self.log_path(name), self.data_dir, self._die_with_parent)
         self._processes.append(proc)
         return proc
 

@@ -4,18 +4,19 @@ kube-proxy, the CSI controller, the clusters)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 
 
-class Started:
+class Started(ABC):
     """A part that is started and stopped; `with` does both."""
 
-    def start(self) -> Self:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> Self: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def stop(self) -> None: ...
 
     def __enter__(self) -> Self:
         return self.start()

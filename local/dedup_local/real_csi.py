@@ -30,8 +30,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from .control_plane import ControlPlane, _child_setup, _log_tail, _Process
+from .control_plane import ControlPlane, _log_tail, _Process, may_die_with_parent, spawn_logged
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir
 from .real_node import UNIX_SOCKET_MAX, RealNode, _process_identity
@@ -84,21 +82,7 @@ def reap_stale_controllers() -> list[str]:
 
 
 def _spawn(name: str, argv: list[str], log_path: Path, cwd: Path) -> _Process:
-    log_file = log_path.open("ab")
-    log_file.write(f"# {' '.join(argv)}\n".encode())
-    log_file.flush()
-    die_with_parent = sys.platform.startswith("linux") and (
-        threading.current_thread() is threading.main_thread()
-    )
-    popen = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        preexec_fn=_child_setup(die_with_parent),
-    )
-    return _Process(name, popen, log_path, log_file)
+    return spawn_logged(name, argv, log_path, cwd, may_die_with_parent())
 
 
 def _wait(proc: _Process, ready: Callable[[], bool], what: str, timeout: float) -> None:

@@ -30,8 +30,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -40,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
-from .control_plane import _child_setup, _log_tail, _Process, kube_binaries
+from .control_plane import _log_tail, _Process, kube_binaries, may_die_with_parent, spawn_logged
 from .lifecycle import Started
 from .paths import MissingArtifact, free_port
 from .real_node import (
@@ -426,22 +424,10 @@ class HostProxy(Started):
             f"--config={self.directory / 'config.yaml'}",
             "--v=1",
         ]
-        log_file = self.log_path.open("ab")
-        log_file.write(f"# {' '.join(argv)}\n".encode())
-        log_file.flush()
-        die_with_parent = sys.platform.startswith("linux") and (
-            threading.current_thread() is threading.main_thread()
+        env = {**os.environ, "PATH": SYSTEM_PATH}
+        self._proc = spawn_logged(
+            "kube-proxy", argv, self.log_path, self.directory, may_die_with_parent(), env
         )
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=self.directory,
-            env={**os.environ, "PATH": SYSTEM_PATH},
-            preexec_fn=_child_setup(die_with_parent),
-        )
-        self._proc = _Process("kube-proxy", popen, self.log_path, log_file)
 
     def _wait_rules(self) -> None:
         """Until kube-proxy is healthy (its first sync done) and the nat table sends the

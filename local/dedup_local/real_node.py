@@ -32,8 +32,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -43,7 +41,14 @@ from typing import Any, Protocol
 
 import yaml
 
-from .control_plane import ControlPlane, _child_setup, _log_tail, _Process, kube_binaries
+from .control_plane import (
+    ControlPlane,
+    _log_tail,
+    _Process,
+    kube_binaries,
+    may_die_with_parent,
+    spawn_logged,
+)
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port
 
@@ -436,9 +441,7 @@ class RealNode(Started):
         self._tools = _require_tools()
         reap_stale_nodes()
         t0 = time.monotonic()
-        self._die_with_parent = sys.platform.startswith("linux") and (
-            threading.current_thread() is threading.main_thread()
-        )
+        self._die_with_parent = may_die_with_parent()
         run = nodes_dir() / "run"
         run.mkdir(parents=True, exist_ok=True)
         # Short and unique: clusters of concurrent runs may name their nodes alike (each
@@ -799,22 +802,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, name: str, argv: list[str]) -> _Process:
-        log_path = self.log_path(name)
-        log_file = log_path.open("ab")
-        log_file.write(f"# {' '.join(argv)}\n".encode())
-        log_file.flush()
-        env = dict(os.environ)
-        env["PATH"] = f"{self._tools['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=self.data_dir,
-            env=env,
-            preexec_fn=_child_setup(self._die_with_parent),
+        path = f"{self._tools['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"
+        env = {**os.environ, "PATH": path}
+        return spawn_logged(
+            name, argv, self.log_path(name), self.data_dir, self._die_with_parent, env
         )
-        return _Process(name, popen, log_path, log_file)
 
     def _failure(self, proc: _Process, what: str) -> RealNodeError:
         code = proc.popen.poll()
