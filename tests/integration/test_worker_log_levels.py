@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ def connection_failures(records: list[Record]) -> list[Record]:
 
 def errors(records: list[Record]) -> list[Record]:
     return [r for r in records if r.get("level") == "ERROR"]
+
+
+def logged_at(record: Record) -> float:
+    """When the worker logged the line (its "time", local time to the millisecond), in
+    seconds since the epoch."""
+    return datetime.strptime(record["time"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def down_s(record: Record) -> float:
@@ -137,6 +144,12 @@ def test_all_brokers_down_for_over_30_s_is_an_error_then_the_worker_recovers(
 def test_a_broker_back_within_30_s_leaves_no_error_line(
     kafka_broker_factory: Any, tmp_path: Path
 ) -> None:
+    """The broker is stopped and started again a few seconds after the worker's first
+    failed connection. The test's own clock judges each line: every connection failure
+    logged less than 30 s after the first one is a WARNING, and when the broker was
+    ready again within 30 s of it, no line at all is an ERROR. (On a loaded machine the
+    broker's JVM may take longer than that to come back (CI, 2026-11-26): then lines
+    past 30 s may rightly be ERRORs, and the test says so rather than fail.)"""
     broker = kafka_broker_factory()
     cfg = worker_config(broker.bootstrap, tmp_path, pipeline_on(broker, "in", "out", "dlq"))
     log = tmp_path / "worker.log"
@@ -148,13 +161,25 @@ def test_a_broker_back_within_30_s_leaves_no_error_line(
         wait_for_record(log, lambda r: bool(connection_failures([r])), 30)
         time.sleep(3)
         broker.start()
+        back = time.time()
         feed(cfg, sent, ids("b", 300), log)
     finally:
         stop_worker(proc, log)
     records = log_records(log)
-    assert connection_failures(records), "the restart was seen"
-    assert {r["level"] for r in connection_failures(records)} == {"WARNING"}
-    assert errors(records) == [], tail(log)
+    failures = connection_failures(records)
+    assert failures, "the restart was seen"
+    first = logged_at(failures[0])
+    since_first = [(logged_at(r) - first, r) for r in failures]
+    assert {r["level"] for s, r in since_first if s < 30} == {"WARNING"}, tail(log)
+    assert all(s >= 30 for s, r in since_first if r["level"] == "ERROR"), tail(log)
+    outage = back - first
+    print(f"broker ready again {outage:.1f}s after the first failed connection")
+    if outage < 30:
+        assert errors(records) == [], tail(log)
+    else:  # the premise did not hold on this machine: only late connection failures
+        late = [r for s, r in since_first if s >= 30 and r["level"] == "ERROR"]
+        assert errors(records) == late, tail(log)
+        print(f"the broker took over 30 s to come back: {len(late)} ERROR line(s) by rule")
     assert output_ids(broker.bootstrap, cfg.output_topic) == list(dict.fromkeys(sent))
 
 
