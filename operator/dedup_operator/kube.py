@@ -94,6 +94,10 @@ class Kube:
         self._watched: dict[str, WatchedKind] = {}
         self._events: EventPoster | None = None  # Events posted from a thread, once set
         self._on_event: WatchEvent | None = None  # watch events, to wake passes
+        # How many node taint writes this process made: nodes judged before the last one
+        # are not judged again from memory (`memory.LeaseWatch.node_views`).
+        self._node_writes = 0
+        self._node_writes_lock = threading.Lock()
 
     def watch_cluster(
         self,
@@ -625,9 +629,19 @@ class Kube:
         owners = sorted({o.strip() for o in (by or "").split(",") if o.strip()})
         return str(current["metadata"]["resourceVersion"]), taints, owners
 
+    @property
+    def node_writes(self) -> int:
+        """How many times this process changed a node's taints (and its mark)."""
+        with self._node_writes_lock:
+            return self._node_writes
+
     def _set_taints(self, node: str, version: str, taints: list[Obj], owners: list[str]) -> None:
+        """Write the node's taints and mark, and hold the answer in the node watch at once:
+        the next pass (often at once: a handover's steps follow each other) must judge
+        the node with the mark it just wrote, or it takes the taint for someone else's
+        and forgets it (found on real nodes: a taint never lifted)."""
         # resourceVersion makes it a compare-and-set: no one else's taint or mark is lost
-        self.core.patch_node(
+        out = self.core.patch_node(
             node,
             {
                 "metadata": {
@@ -637,6 +651,9 @@ class Kube:
                 "spec": {"taints": taints},
             },
         )
+        self._wrote("nodes", out)
+        with self._node_writes_lock:
+            self._node_writes += 1
 
     def _retry_conflicts(self, attempt: Any) -> Any:
         """`attempt()` (a read, then a write conditional on what it read) again after a

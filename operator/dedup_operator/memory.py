@@ -111,21 +111,27 @@ class LeaseWatch:
         self.heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
         self._lock = threading.Lock()
         # nodeLostAfter -> (monotonic time judged, the node views)
-        self._node_views: dict[timedelta, tuple[float, dict[str, Any]]] = {}
+        # nodeLostAfter -> (when judged, the operator's node writes by then, the views)
+        self._node_views: dict[timedelta, tuple[float, int, dict[str, Any]]] = {}
 
     def node_views(
-        self, lost_after: timedelta, judge: Callable[[], dict[str, Any]], now: float
+        self,
+        lost_after: timedelta,
+        judge: Callable[[], dict[str, Any]],
+        now: float,
+        written: int = 0,
     ) -> dict[str, Any]:
         """The nodes judged by `judge()` for `lost_after`, or as judged less than
         NODE_VIEWS_S ago (a pass of each of a hundred pipelines every few seconds would
-        otherwise judge every node each time); a copy the caller may change."""
+        otherwise judge every node each time) and since the operator's last node write
+        (`written`: how many it made; `Kube.node_writes`); a copy the caller may change."""
         with self._lock:
             held = self._node_views.get(lost_after)
-        if held is None or now - held[0] >= NODE_VIEWS_S:
-            held = (now, judge())
+        if held is None or now - held[0] >= NODE_VIEWS_S or held[1] != written:
+            held = (now, written, judge())
             with self._lock:
                 self._node_views[lost_after] = held
-        return dict(held[1])
+        return dict(held[2])
 
     def observe_lease(self, lease: Mapping[str, Any]) -> None:
         """A node heartbeat or partition Lease as the watch delivers it: its renewal noted

@@ -137,7 +137,10 @@ def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeV
     of that nodeLostAfter in the last `memory.NODE_VIEWS_S`)."""
     lost_after = spec.failover.node_lost_after
     return watch.node_views(
-        lost_after, lambda: _judge_nodes(kube, lost_after, watch), time.monotonic()
+        lost_after,
+        lambda: _judge_nodes(kube, lost_after, watch),
+        time.monotonic(),
+        kube.node_writes,
     )
 
 

@@ -56,3 +56,21 @@ def test_a_listed_lease_ages_by_the_lease_clock_alone() -> None:
     view = _partition_leases(kube, "ns", {"events-p0": LEASE}, seen_for(100.0))["events-p0"]
     assert view.unchanged_for == timedelta(seconds=100)
     assert view.expired()
+
+
+def test_nodes_are_judged_again_after_the_operators_own_node_write() -> None:
+    # A pass that tainted a node must not be followed by one judging the node as read
+    # before the taint (it would take the mark for someone else's and forget the taint).
+    watch = LeaseWatch()
+    judged: list[int] = []
+
+    def judge() -> dict[str, Any]:
+        judged.append(len(judged))
+        return {"n1": len(judged)}
+
+    lost_after = timedelta(seconds=20)
+    assert watch.node_views(lost_after, judge, now=0.0, written=0) == {"n1": 1}
+    assert watch.node_views(lost_after, judge, now=0.1, written=0) == {"n1": 1}, "held 0.25 s"
+    assert watch.node_views(lost_after, judge, now=0.2, written=1) == {"n1": 2}, "a write since"
+    assert watch.node_views(lost_after, judge, now=0.3, written=1) == {"n1": 2}
+    assert watch.node_views(lost_after, judge, now=0.5, written=1) == {"n1": 3}, "0.25 s on"

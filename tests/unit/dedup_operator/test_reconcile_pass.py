@@ -88,6 +88,7 @@ class FakeKube:
         self.nodes_: list[dict[str, Any]] = [{"metadata": {"name": "n1"}}]
         self.writes: list[tuple[Any, ...]] = []
         self.conflict_on: str | None = None  # a write (by name) that raises Conflict
+        self.node_writes = 0  # no node taint written by this stand-in
 
     def _write(self, what: str, *args: Any) -> None:
         if what == self.conflict_on:
