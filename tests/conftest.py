@@ -22,6 +22,7 @@ pytest_plugins = [
 CLUSTER_GROUPS = (
     ("container_cluster", "containers"),
     ("local_cluster", "local-cluster"),
+    ("stand_in_cluster", "local-cluster"),
     ("kube", "control-plane"),
 )
 """The session fixture that starts each group's cluster. A test declares its group with

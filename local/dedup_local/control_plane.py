@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 SETUP_HINT = "run: make setup-kube"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+"""The `kubernetes` service's address: the first of the range, as the API server gives it."""
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "dedup-admin"
 # The audit policy of the local control planes: every request of a service account (the
@@ -523,7 +525,7 @@ class ControlPlane(Started):
         sans = [
             "IP:127.0.0.1",
             *([f"IP:{self._host}"] if self._host != "127.0.0.1" else []),
-            "IP:10.0.0.1",
+            f"IP:{KUBERNETES_SERVICE_IP}",
             "DNS:localhost",
             "DNS:kubernetes",
             "DNS:kubernetes.default",

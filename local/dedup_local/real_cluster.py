@@ -14,8 +14,9 @@ StorageClass `dedup-disk` is the cluster's default.
   kubelets' Lease duration and status frequency; back-off stays the kubelet's own.
 - `kill(node, shutdown=True)` also plays the cloud's node lifecycle controller, as
   `LocalCluster` does (`cluster.CloudNodeLifecycle`, a simulation).
-- `pod_log(ns, pod)` reads the kubelets' log files (every run of the container, in order;
-  also of a killed node's pods), without the CRI's time stamp and stream prefix.
+- `pod_log(ns, pod)` reads the containers' log files (every run of the container, in
+  order; also of a killed node's pods, and of a deleted pod's: `PodLogKeeper` keeps them),
+  without the CRI's time stamp and stream prefix.
 - kube-proxy is one per host under a machine-wide lock (`real_network`): `start()` waits
   while another run holds it; `stop()` releases it first.
 """
@@ -23,10 +24,12 @@ StorageClass `dedup-disk` is the cluster's default.
 from __future__ import annotations
 
 import contextlib
+import os
 import string
 import subprocess
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +39,7 @@ from .cluster.timings import ClusterTimings
 from .control_plane import ControlPlane
 from .lifecycle import Started
 from .real_csi import STORAGE_CLASS, CsiController, CsiNodePlugin
-from .real_network import HostProxy
+from .real_network import HostProxy, PodsCutOffTheApi
 from .real_node import RealNode, project_image_archive
 
 if TYPE_CHECKING:
@@ -71,6 +74,8 @@ class RealCluster(Started):
         self.plugins: dict[str, CsiNodePlugin] = {}
         self.proxy: HostProxy | None = None
         self.cloud: CloudNodeLifecycle | None = None
+        self.cut_off: dict[str, PodsCutOffTheApi] = {}
+        self.logs: PodLogKeeper | None = None
         self.startup: dict[str, float] = {}
         self._clients: list[ApiClient] = []
 
@@ -103,18 +108,16 @@ class RealCluster(Started):
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         """A pod's container log (every run, in order); all containers by default."""
+        if self.logs is None:
+            raise RuntimeError("cluster not started")
+        self.logs.scan()
         out = []
-        for node in self.nodes.values():
-            with contextlib.suppress(RuntimeError):
-                pods = sorted(
-                    node.data_dir.joinpath("pod-logs").glob(f"{namespace}_{pod}_*"),
-                    key=lambda p: p.stat().st_mtime,
-                )
-                for pod_dir in pods:
-                    for c_dir in sorted(pod_dir.iterdir()):
-                        if container is None or c_dir.name == container:
-                            runs = sorted(c_dir.glob("*.log"), key=lambda p: int(p.stem))
-                            out += [_cri_log(run.read_text(errors="replace")) for run in runs]
+        pods = sorted(self.logs.into.glob(f"{namespace}_{pod}_*"), key=lambda p: p.stat().st_mtime)
+        for pod_dir in pods:
+            for c_dir in sorted(pod_dir.iterdir()):
+                if container is None or c_dir.name == container:
+                    runs = sorted(c_dir.glob("*.log"), key=lambda p: int(p.stem))
+                    out += [_cri_log(run.read_text(errors="replace")) for run in runs]
         return "".join(out)
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,6 +158,11 @@ class RealCluster(Started):
                 node.start()
                 self.plugins[name] = self.csi.add_node(node)
                 self._mark(f"{name} Ready with its CSI plugin", t0)
+            first = self.nodes[self.node_names[0]]
+            self.logs = PodLogKeeper(
+                first.data_dir / "kept-pod-logs",
+                lambda: [n.data_dir / "pod-logs" for n in self.nodes.values()],
+            ).start()
             t0 = time.monotonic()
             with ThreadPoolExecutor(len(self.nodes)) as pool:
                 list(pool.map(lambda n: n.import_image(archive, *IMAGE_TAGS), self.nodes.values()))
@@ -177,6 +185,9 @@ class RealCluster(Started):
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
+        if self.logs is not None:
+            self.logs.stop()  # its directory goes with the first node's
+            self.logs = None
         for node in reversed(list(self.nodes.values())):
             with contextlib.suppress(Exception):
                 node.stop()
@@ -199,14 +210,33 @@ class RealCluster(Started):
         once. `shutdown=True`: the cloud's node lifecycle controller (simulated) taints
         it shut down once it is NotReady, as `LocalCluster.kill` does."""
         self.nodes[node].kill()
+        self.cut_off.pop(node, None)  # its sandboxes died, their rules with them
         if shutdown:
             self._cloud.instance_stopped(node)
 
-    def partition(self, node: str) -> None:
-        """The kubelet stops reaching the API server (SIGSTOP); containers keep running."""
+    def partition(self, node: str, pods: bool = True) -> list[str]:
+        """The node loses the API server: its kubelet stops (SIGSTOP), and with `pods`
+        (the default, as `LocalCluster.partition` and a real network partition) its
+        running pods are cut off the API server too (`PodsCutOffTheApi`), while they
+        keep running and reaching Kafka. Returns the pods cut off ("namespace/name")."""
         self.nodes[node].partition()
+        if not pods:
+            return []
+        from urllib.parse import urlparse
+
+        url = urlparse(self._cp.server)
+        assert url.hostname is not None and url.port is not None, self._cp.server
+        cut = self.cut_off.setdefault(
+            node, PodsCutOffTheApi(self.nodes[node], url.hostname, url.port)
+        )
+        return cut.cut()
 
     def heal(self, node: str) -> None:
+        """Ends a partition (the pods' rules removed, the kubelet continued), or starts a
+        killed node again."""
+        cut = self.cut_off.pop(node, None)
+        if cut is not None:
+            cut.restore()
         real = self.nodes[node]
         if real.running:
             real.heal()
@@ -216,6 +246,7 @@ class RealCluster(Started):
 
     def restart(self, node: str) -> None:
         """Reboot: every process of the node gone, then back; Ready when this returns."""
+        self.cut_off.pop(node, None)  # its sandboxes die with it, their rules too
         self.nodes[node].restart()
         self._cloud.instance_running(node)
 
@@ -233,6 +264,53 @@ class RealCluster(Started):
 
     def _mark(self, what: str, since: float) -> None:
         self.startup[what] = time.monotonic() - since
+
+
+class PodLogKeeper(Started):
+    """Keeps every container log file the nodes' kubelets write (`<namespace>_<pod>_<uid>/
+    <container>/<run>.log` under each node's pod-logs) as a hard link under `into`: a
+    kubelet deletes a deleted pod's log files once its containers stopped, and what a
+    worker said while it was being replaced is what a failover test reads (as a cluster's
+    log collector would have kept it). A link is the same file, so what the container
+    writes after the link is kept too. Scanned every 0.2 s, and before each read; `into`
+    must be on the nodes' file system (it is the first node's directory)."""
+
+    def __init__(self, into: Path, sources: Callable[[], list[Path]]) -> None:
+        self.into = into
+        self._sources = sources
+        self._seen: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-log-keeper", daemon=True)
+
+    def start(self) -> PodLogKeeper:
+        self.into.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def scan(self) -> None:
+        with self._lock:
+            for root in self._sources():
+                for log in root.glob("*/*/*.log"):
+                    with contextlib.suppress(OSError):  # a file gone while scanning
+                        st = log.stat()
+                        if (st.st_dev, st.st_ino) in self._seen:
+                            continue
+                        kept = self.into / log.relative_to(root)
+                        kept.parent.mkdir(parents=True, exist_ok=True)
+                        if not kept.exists():  # a name a kubelet used twice: the first
+                            os.link(log, kept)
+                        self._seen.add((st.st_dev, st.st_ino))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            with contextlib.suppress(OSError):
+                self.scan()
 
 
 def _cri_log(text: str) -> str:

@@ -38,7 +38,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
-from .control_plane import _log_tail, _Process, kube_binaries, may_die_with_parent, spawn_logged
+from .control_plane import (
+    KUBERNETES_SERVICE_IP,
+    _log_tail,
+    _Process,
+    kube_binaries,
+    may_die_with_parent,
+    spawn_logged,
+)
 from .lifecycle import Started
 from .paths import MissingArtifact, free_port
 from .real_node import (
@@ -455,3 +462,54 @@ class HostProxy(Started):
                     f"{_log_tail(self.log_path)}"
                 )
             time.sleep(0.2)
+
+
+class PodsCutOffTheApi:
+    """The pods of one real node lose the API server, as on a real network partition:
+    `RealNode.partition` only stops the kubelet, and its pods would still reach the API
+    server through the host's kube-proxy rules. `cut()` inserts a DROP rule for the
+    service IP (10.0.0.1) and for the API server's host address and port in each ready
+    pod sandbox's own network namespace (`nsenter` into its pause process), nothing on
+    the host; Kafka (same host address, another port) stays reachable, as a partition
+    between a node and the control plane leaves the brokers alone. `restore()` deletes
+    the rules of the sandboxes still there (a pod gone with its node takes its own)."""
+
+    def __init__(self, node: RealNode, api_host: str, api_port: int) -> None:
+        self.node = node
+        self.rules = [
+            ["-d", f"{KUBERNETES_SERVICE_IP}/32", "-j", "DROP"],
+            ["-d", f"{api_host}/32", "-p", "tcp", "--dport", str(api_port), "-j", "DROP"],
+        ]
+        self.pids: list[int] = []
+
+    def _iptables(self, pid: int, op: str, rule: list[str], check: bool = True) -> None:
+        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", _tool("iptables"), "-w", op, "OUTPUT"]
+        result = subprocess.run(
+            [*cmd, *rule], capture_output=True, text=True, timeout=30, check=False
+        )
+        if check and result.returncode != 0:
+            raise RealNodeError(
+                f"node {self.node.name}: iptables {op} in the sandbox of pid {pid}: "
+                f"{result.stderr.strip()}"
+            )
+
+    def cut(self) -> list[str]:
+        """Cut every ready sandbox of the node; returns their namespace/name."""
+        cut = []
+        sandboxes = json.loads(self.node.crictl("pods", "--state", "ready", "-o", "json"))
+        for sandbox in sandboxes.get("items") or []:
+            info = json.loads(self.node.crictl("inspectp", sandbox["id"]))
+            pid = int(info["info"]["pid"])
+            for rule in self.rules:
+                self._iptables(pid, "-I", rule)
+            self.pids.append(pid)
+            meta = sandbox["metadata"]
+            cut.append(f"{meta['namespace']}/{meta['name']}")
+        return cut
+
+    def restore(self) -> None:
+        for pid in self.pids:
+            if Path(f"/proc/{pid}").exists():
+                for rule in self.rules:
+                    self._iptables(pid, "-D", rule, check=False)
+        self.pids.clear()

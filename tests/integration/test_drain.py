@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client
 
 from dedup_contract import names
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems
+from dedup_local.real_cluster import RealCluster
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import dedupctl, events, get_pipeline, running_operator, wait_for
@@ -42,7 +42,7 @@ pytestmark = [
 
 
 def test_a_drained_node_hands_its_partition_over_as_planned(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,

@@ -21,9 +21,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
+from dedup_local.real_cluster import RealCluster
 from support.cluster_fixtures import ClusterNamespace
+from support.foreign_workload import foreign_pod
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import events, running_operator, wait_for, wait_for_event
 from support.pipeline_traffic import (
@@ -53,7 +54,7 @@ class NodeWatch:
     """Polls a node in a thread: when (monotonic) it was first seen NotReady, with the
     shutdown taint, with the out-of-service taint."""
 
-    def __init__(self, local_cluster: LocalCluster, node_name: str) -> None:
+    def __init__(self, local_cluster: RealCluster, node_name: str) -> None:
         self.core = client.CoreV1Api(local_cluster.api_client())
         self.node_name = node_name
         self.first: dict[str, float] = {}
@@ -86,39 +87,6 @@ class NodeWatch:
         self._thread.join(timeout=5)
 
 
-def _foreign_pod(core: client.CoreV1Api, namespace: str, node_name: str) -> str:
-    """Another team's workload on `node_name`, in its own namespace: a plain `sleep` pod,
-    bound to the node, tolerating the node's unreachable and not-ready taints for ever (as
-    a pod with local data may), so that only an out-of-service taint would evict it."""
-    name = "team-db-0"
-    tolerate = [
-        {"key": key, "operator": "Exists", "effect": "NoExecute"}
-        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-    ]
-    core.create_namespaced_pod(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeName": node_name,
-                "tolerations": tolerate,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {"name": "main", "image": "busybox", "command": ["sleep", "100000"]}
-                ],
-            },
-        },
-    )
-    wait_for(
-        lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running",
-        60,
-        f"pod {namespace}/{name} Running on {node_name}",
-    )
-    return name
-
-
 def _pod_or_none(core: client.CoreV1Api, namespace: str, name: str) -> Any:
     try:
         return core.read_namespaced_pod(name, namespace)
@@ -129,7 +97,7 @@ def _pod_or_none(core: client.CoreV1Api, namespace: str, name: str) -> Any:
 
 
 def test_shut_down_shared_node_is_tainted_and_the_partition_moves_fast(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -157,7 +125,7 @@ def test_shut_down_shared_node_is_tainted_and_the_partition_moves_fast(
             ready_pipeline(api, ns, "events", 1)
             before = partition_entry(api, ns, "events", 0)
             lost = before["node"]
-            foreign = _foreign_pod(core, other_ns, lost)
+            foreign = foreign_pod(api, other_ns, lost)
             foreign_ref = f"{other_ns}/{foreign}"
             traffic = Traffic(kafka.bootstrap, topic, 1)
             with traffic.running(), NodeWatch(local_cluster, lost) as watch:

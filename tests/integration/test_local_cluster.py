@@ -1,4 +1,5 @@
-"""The local cluster on the real control plane: pods run as processes on node agents,
+"""The stand-in node agent (local/dedup_local/cluster/, what the demo's podman cluster
+still runs on) on the real control plane: pods run as processes on node agents,
 volumes from the pool attach through the real attach/detach controller, and node faults
 go through the real node lifecycle controller, pod GC and taint eviction."""
 
@@ -49,10 +50,10 @@ def node_condition(core: client.CoreV1Api, node: str) -> str:
 
 
 def test_deployment_ready_by_http_probe_and_deleted_within_grace(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
-    apply(local_cluster, ns, """
+    ns = stand_in_namespace.name
+    apply(stand_in_cluster, ns, """
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web}
@@ -74,10 +75,10 @@ spec:
         readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
         livenessProbe: {tcpSocket: {port: http}, periodSeconds: 2}
 """)  # fmt: skip
-    local_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=90s")
-    table = local_cluster.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
+    stand_in_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=90s")
+    table = stand_in_cluster.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
     print(table)
-    [pod] = pods(local_cluster, ns, "app=web")
+    [pod] = pods(stand_in_cluster, ns, "app=web")
     assert " 1/1 " in table and "Running" in table
     status = pod["status"]
     assert status["podIP"].startswith("127.") and status["podIP"] != "127.0.0.1"
@@ -85,22 +86,22 @@ spec:
     assert conditions == {
         "PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True",
     }  # fmt: skip
-    assert "GET / HTTP" in local_cluster.pod_log(ns, pod["metadata"]["name"])
+    assert "GET / HTTP" in stand_in_cluster.pod_log(ns, pod["metadata"]["name"])
 
     started = time.monotonic()
-    local_cluster.kubectl("delete", "deployment", "web", "-n", ns, "--wait=true")
-    wait_for(lambda: not pods(local_cluster, ns, "app=web"), 30, "the pod to be gone")
+    stand_in_cluster.kubectl("delete", "deployment", "web", "-n", ns, "--wait=true")
+    wait_for(lambda: not pods(stand_in_cluster, ns, "app=web"), 30, "the pod to be gone")
     took = time.monotonic() - started
     print(f"deleted in {took:.1f}s (grace 4s)")
     assert took < 4 + 10
 
 
 def test_jobs_complete_and_fail_per_backoff_limit(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
+    ns = stand_in_namespace.name
     for name, code, limit in (("ok", 0, 0), ("bad", 3, 1)):
-        apply(local_cluster, ns, f"""
+        apply(stand_in_cluster, ns, f"""
 apiVersion: batch/v1
 kind: Job
 metadata: {{name: {name}}}
@@ -113,7 +114,7 @@ spec:
       - {{name: main, image: busybox, command: [sh, -c, "echo run $(JOB); exit {code}"],
          env: [{{name: JOB, value: {name}}}]}}
 """)  # fmt: skip
-    batch = client.BatchV1Api(cluster_namespace.api_client)
+    batch = client.BatchV1Api(stand_in_namespace.api_client)
 
     def condition(job: str, type_: str) -> bool:
         conds = batch.read_namespaced_job(job, ns).status.conditions or []
@@ -122,11 +123,11 @@ spec:
     wait_for(lambda: condition("ok", "Complete"), 60, "job ok Complete")
     wait_for(lambda: condition("bad", "Failed"), 90, "job bad Failed")
     assert batch.read_namespaced_job("bad", ns).status.failed == 2
-    failed = pods(local_cluster, ns, "job-name=bad")
+    failed = pods(stand_in_cluster, ns, "job-name=bad")
     assert {
         p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in failed
     } == {3}
-    assert "run bad" in local_cluster.pod_log(ns, failed[0]["metadata"]["name"])
+    assert "run bad" in stand_in_cluster.pod_log(ns, failed[0]["metadata"]["name"])
 
 
 def pvc_and_pod(name: str, claim: str, script: str, extra: str = "") -> str:
@@ -155,13 +156,13 @@ spec:
 
 
 def test_pvc_attached_by_the_attach_detach_controller_keeps_data_for_the_next_pod(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
-    apply(local_cluster, ns, pvc_and_pod("writer", "data", "echo hello > /var/lib/dedup/f"))
-    wait_for(lambda: phase_of(local_cluster, ns, "writer", "Succeeded"), 60, "writer Succeeded")
-    storage = client.StorageV1Api(cluster_namespace.api_client)
-    core = client.CoreV1Api(cluster_namespace.api_client)
+    ns = stand_in_namespace.name
+    apply(stand_in_cluster, ns, pvc_and_pod("writer", "data", "echo hello > /var/lib/dedup/f"))
+    wait_for(lambda: phase_of(stand_in_cluster, ns, "writer", "Succeeded"), 60, "writer Succeeded")
+    storage = client.StorageV1Api(stand_in_namespace.api_client)
+    core = client.CoreV1Api(stand_in_namespace.api_client)
     pv_name = core.read_namespaced_persistent_volume_claim("data", ns).spec.volume_name
     [va] = [
         v
@@ -169,27 +170,27 @@ def test_pvc_attached_by_the_attach_detach_controller_keeps_data_for_the_next_po
         if v.spec.source.persistent_volume_name == pv_name
     ]
     assert va.status.attached and "external-attacher/local.dedup.dev" in va.metadata.finalizers
-    writer_node = pod_json(local_cluster, ns, "writer")["spec"]["nodeName"]  # type: ignore[index]
-    local_cluster.kubectl("delete", "pod", "writer", "-n", ns)
+    writer_node = pod_json(stand_in_cluster, ns, "writer")["spec"]["nodeName"]  # type: ignore[index]
+    stand_in_cluster.kubectl("delete", "pod", "writer", "-n", ns)
     # The next pod on a different node: the volume must move.
-    apply(local_cluster, ns, pvc_and_pod(
+    apply(stand_in_cluster, ns, pvc_and_pod(
         "reader", "data", "cat /var/lib/dedup/f",
         extra=("affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: "
                "{nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: NotIn, "
                f"values: [{writer_node}]}}]}}]}}}}}}"),
     ))  # fmt: skip
-    wait_for(lambda: phase_of(local_cluster, ns, "reader", "Succeeded"), 90, "reader Succeeded")
-    assert local_cluster.pod_log(ns, "reader").strip() == "hello"
+    wait_for(lambda: phase_of(stand_in_cluster, ns, "reader", "Succeeded"), 90, "reader Succeeded")
+    assert stand_in_cluster.pod_log(ns, "reader").strip() == "hello"
     assert not (Path("/var/lib/dedup") / "f").exists()  # the host's path was never touched
 
 
 def test_killed_node_out_of_service_taint_moves_the_volume_to_a_replacement(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
-    api = cluster_namespace.api_client
+    ns = stand_in_namespace.name
+    api = stand_in_namespace.api_client
     core, storage = client.CoreV1Api(api), client.StorageV1Api(api)
-    apply(local_cluster, ns, """
+    apply(stand_in_cluster, ns, """
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: state}
@@ -217,10 +218,10 @@ spec:
         volumeMounts: [{name: d, mountPath: /data}]
       volumes: [{name: d, persistentVolumeClaim: {claimName: state}}]
 """)  # fmt: skip
-    local_cluster.kubectl("rollout", "status", "deployment/keeper", "-n", ns, "--timeout=90s")
-    [first] = pods(local_cluster, ns, "app=keeper")
+    stand_in_cluster.kubectl("rollout", "status", "deployment/keeper", "-n", ns, "--timeout=90s")
+    [first] = pods(stand_in_cluster, ns, "app=keeper")
     first_name, lost = first["metadata"]["name"], first["spec"]["nodeName"]
-    wait_for(lambda: "data from" in local_cluster.pod_log(ns, first_name), 20, "first pod's log")
+    wait_for(lambda: "data from" in stand_in_cluster.pod_log(ns, first_name), 20, "first pod's log")
     pv = core.read_namespaced_persistent_volume_claim("state", ns).spec.volume_name
     taint = client.V1Taint(
         key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute"
@@ -233,7 +234,7 @@ spec:
         print(f"{steps[name]:6.1f}s {name}", flush=True)
 
     try:
-        local_cluster.kill(lost)
+        stand_in_cluster.kill(lost)
         step(f"killed {lost} running {first_name}")
         wait_for(lambda: node_condition(core, lost) == "Unknown", 60, "Ready=Unknown")
         step("node Ready=Unknown")
@@ -267,18 +268,18 @@ spec:
         step("volume detached")
 
         def replacement() -> dict[str, Any] | None:
-            ready = [p for p in pods(local_cluster, ns, "app=keeper")
+            ready = [p for p in pods(stand_in_cluster, ns, "app=keeper")
                      if p["status"].get("phase") == "Running" and p["spec"].get("nodeName") != lost]  # fmt: skip
             return ready[0] if ready else None
 
         new = wait_for(replacement, 60, "a replacement Running on another node")
         step(f"replacement {new['metadata']['name']} running on {new['spec']['nodeName']}")
         wait_for(
-            lambda: "data from" in local_cluster.pod_log(ns, new["metadata"]["name"]), 20, "log"
+            lambda: "data from" in stand_in_cluster.pod_log(ns, new["metadata"]["name"]), 20, "log"
         )
-        assert f"data from {first_name}" in local_cluster.pod_log(ns, new["metadata"]["name"])
+        assert f"data from {first_name}" in stand_in_cluster.pod_log(ns, new["metadata"]["name"])
     finally:
-        local_cluster.restart(lost)
+        stand_in_cluster.restart(lost)
         node = core.read_node(lost)
         rest = [t for t in node.spec.taints or [] if t.key != taint.key]
         core.patch_node(lost, {"spec": {"taints": rest or None}})
@@ -286,9 +287,9 @@ spec:
 
 
 def test_partitioned_node_keeps_its_process_and_kafka_but_loses_the_api(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace, kafka: KafkaBroker
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace, kafka: KafkaBroker
 ) -> None:
-    ns = cluster_namespace.name
+    ns = stand_in_namespace.name
     host, port = kafka.bootstrap.rsplit(":", 1)
     script = f"""
 import os, socket, ssl, time, urllib.request
@@ -306,7 +307,7 @@ while True:
     print("api", api, "kafka", k, flush=True)
     time.sleep(0.5)
 """
-    apply(local_cluster, ns, f"""
+    apply(stand_in_cluster, ns, f"""
 apiVersion: v1
 kind: Pod
 metadata: {{name: probe}}
@@ -314,32 +315,38 @@ spec:
   containers:
   - {{name: main, image: {PROJECT_IMAGE}, command: [python, -c, {json.dumps(script)}]}}
 """)  # fmt: skip
-    wait_for(lambda: phase_of(local_cluster, ns, "probe", "Running"), 60, "probe Running")
-    wait_for(lambda: "api ok kafka ok" in local_cluster.pod_log(ns, "probe"), 30, "api ok")
-    node = pod_json(local_cluster, ns, "probe")["spec"]["nodeName"]  # type: ignore[index]
+    wait_for(lambda: phase_of(stand_in_cluster, ns, "probe", "Running"), 60, "probe Running")
+    wait_for(lambda: "api ok kafka ok" in stand_in_cluster.pod_log(ns, "probe"), 30, "api ok")
+    node = pod_json(stand_in_cluster, ns, "probe")["spec"]["nodeName"]  # type: ignore[index]
     runner = next(
-        r for r in local_cluster.agents[node].pods.values() if r.pod["metadata"]["name"] == "probe"
+        r
+        for r in stand_in_cluster.agents[node].pods.values()
+        if r.pod["metadata"]["name"] == "probe"
     )
     process = runner.containers[0].process
     assert process is not None
     try:
-        local_cluster.partition(node)
-        seen = len(local_cluster.pod_log(ns, "probe"))
+        stand_in_cluster.partition(node)
+        seen = len(stand_in_cluster.pod_log(ns, "probe"))
         wait_for(
-            lambda: "api fail kafka ok" in local_cluster.pod_log(ns, "probe")[seen:], 30, "api fail"
+            lambda: "api fail kafka ok" in stand_in_cluster.pod_log(ns, "probe")[seen:],
+            30,
+            "api fail",
         )
         assert process.exit_code() is None
     finally:
-        local_cluster.heal(node)
-    seen = len(local_cluster.pod_log(ns, "probe"))
-    wait_for(lambda: "api ok kafka ok" in local_cluster.pod_log(ns, "probe")[seen:], 30, "api back")
+        stand_in_cluster.heal(node)
+    seen = len(stand_in_cluster.pod_log(ns, "probe"))
+    wait_for(
+        lambda: "api ok kafka ok" in stand_in_cluster.pod_log(ns, "probe")[seen:], 30, "api back"
+    )
     assert process.exit_code() is None
 
 
 def test_service_account_token_lists_pods_per_rbac(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
+    ns = stand_in_namespace.name
     script = f"""
 from kubernetes import client, config
 config.load_incluster_config()
@@ -351,7 +358,7 @@ try:
 except client.exceptions.ApiException as exc:
     print("secrets denied", exc.status)
 """
-    apply(local_cluster, ns, f"""
+    apply(stand_in_cluster, ns, f"""
 apiVersion: v1
 kind: ServiceAccount
 metadata: {{name: lister}}
@@ -376,8 +383,8 @@ spec:
   containers:
   - {{name: main, image: {PROJECT_IMAGE}, command: [python, -c, {json.dumps(script)}]}}
 """)  # fmt: skip
-    wait_for(lambda: phase_of(local_cluster, ns, "lister", "Succeeded"), 60, "lister Succeeded")
-    out = local_cluster.pod_log(ns, "lister")
+    wait_for(lambda: phase_of(stand_in_cluster, ns, "lister", "Succeeded"), 60, "lister Succeeded")
+    out = stand_in_cluster.pod_log(ns, "lister")
     assert "pods 1" in out and "secrets denied 403" in out, out
 
 
@@ -449,21 +456,21 @@ def test_no_process_left_after_stop() -> None:
 
 
 def test_restarted_node_runs_the_pods_still_bound_to_it(
-    local_cluster: LocalCluster, cluster_namespace: ClusterNamespace
+    stand_in_cluster: LocalCluster, stand_in_namespace: ClusterNamespace
 ) -> None:
-    ns = cluster_namespace.name
-    apply(local_cluster, ns, """
+    ns = stand_in_namespace.name
+    apply(stand_in_cluster, ns, """
 apiVersion: v1
 kind: Pod
 metadata: {name: sleeper}
 spec:
   containers: [{name: main, image: busybox, command: [sh, -c, "echo up; exec sleep 100000"]}]
 """)  # fmt: skip
-    pod = wait_for(lambda: phase_of(local_cluster, ns, "sleeper", "Running"), 60, "Running")
+    pod = wait_for(lambda: phase_of(stand_in_cluster, ns, "sleeper", "Running"), 60, "Running")
     node = pod["spec"]["nodeName"]
 
     def pid() -> int | None:
-        agent = local_cluster.agents.get(node)
+        agent = stand_in_cluster.agents.get(node)
         runners = (
             [r for r in agent.pods.values() if r.pod["metadata"]["name"] == "sleeper"]
             if agent
@@ -473,8 +480,8 @@ spec:
         return process.pid if process is not None and process.exit_code() is None else None
 
     before = wait_for(pid, 20, "the process")
-    wait_for(lambda: "up" in local_cluster.pod_log(ns, "sleeper"), 20, "the first run's log")
-    local_cluster.restart(node)
+    wait_for(lambda: "up" in stand_in_cluster.pod_log(ns, "sleeper"), 20, "the first run's log")
+    stand_in_cluster.restart(node)
     assert (
         not Path(f"/proc/{before}").exists()
         or "zombie" in Path(f"/proc/{before}/status").read_text()
@@ -483,11 +490,11 @@ spec:
     assert after != before
 
     def restarted() -> bool:
-        p = pod_json(local_cluster, ns, "sleeper") or {}
+        p = pod_json(stand_in_cluster, ns, "sleeper") or {}
         statuses = p.get("status", {}).get("containerStatuses") or [{}]
         return (
             p.get("status", {}).get("phase") == "Running" and statuses[0].get("restartCount") == 1
         )
 
     wait_for(restarted, 30, "Running with restartCount 1")
-    wait_for(lambda: local_cluster.pod_log(ns, "sleeper").count("up") == 2, 20, "a second run")
+    wait_for(lambda: stand_in_cluster.pod_log(ns, "sleeper").count("up") == 2, 20, "a second run")

@@ -24,10 +24,11 @@ import pytest
 from kubernetes import client
 
 from dedup_contract import names
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems, unhealthy
+from dedup_local.real_cluster import RealCluster
 from support.cluster_fixtures import ClusterNamespace
+from support.foreign_workload import foreign_pod
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (
     condition,
@@ -59,7 +60,7 @@ pytestmark = [
 
 
 def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -130,7 +131,7 @@ def test_four_partitions_run_on_nodes_and_deduplicate_live_traffic(
 
 
 def test_node_loss_moves_the_partition_with_its_volume(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -142,7 +143,7 @@ def test_node_loss_moves_the_partition_with_its_volume(
 
 @pytest.mark.parametrize("step", ["fenced", "released", "started"])
 def test_operator_killed_mid_failover_completes_it_once(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -155,7 +156,7 @@ def test_operator_killed_mid_failover_completes_it_once(
     lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, step)
 
 
-def _log_lines(local_cluster: LocalCluster, ns: str, pod: str) -> list[dict[str, Any]]:
+def _log_lines(local_cluster: RealCluster, ns: str, pod: str) -> list[dict[str, Any]]:
     lines = []
     for line in local_cluster.pod_log(ns, pod).splitlines():
         if line.startswith("{"):
@@ -170,7 +171,7 @@ def _log_time(line: dict[str, Any]) -> float:
 
 
 def test_split_brain_old_worker_stops_before_the_replacement_commits(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -256,7 +257,7 @@ def test_split_brain_old_worker_stops_before_the_replacement_commits(
             wait_untainted(local_cluster, cut)
 
 
-def _taints(local_cluster: LocalCluster, node_name: str) -> set[str]:
+def _taints(local_cluster: RealCluster, node_name: str) -> set[str]:
     node = client.CoreV1Api(local_cluster.api_client()).read_node(node_name)
     return {t.key for t in node.spec.taints or []}
 
@@ -264,7 +265,7 @@ def _taints(local_cluster: LocalCluster, node_name: str) -> set[str]:
 class TaintWatch:
     """Polls a node's taints in a thread: was it ever tainted out-of-service?"""
 
-    def __init__(self, local_cluster: LocalCluster, node_name: str) -> None:
+    def __init__(self, local_cluster: RealCluster, node_name: str) -> None:
         self.local_cluster, self.node_name = local_cluster, node_name
         self.seen = False
         self._stop = threading.Event()
@@ -290,44 +291,9 @@ class TaintWatch:
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
-def _neighbour(local_cluster: LocalCluster, ns: str, node_name: str) -> str:
-    """Another team's workload on `node_name`: a plain `sleep` pod (busybox; the node runs
-    `sleep` from the host), bound to the node, tolerating the node's unreachable and
-    not-ready taints for ever (as a pod with local data may), so that no controller
-    evicts it when the node is lost; only an out-of-service taint would."""
-    name = "neighbour"
-    tolerate = [
-        {"key": key, "operator": "Exists", "effect": "NoExecute"}
-        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-    ]
-    client.CoreV1Api(local_cluster.api_client()).create_namespaced_pod(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeName": node_name,
-                "tolerations": tolerate,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {"name": "main", "image": "busybox", "command": ["sleep", "100000"]}
-                ],
-            },
-        },
-    )
-
-    def running() -> bool:
-        pod = client.CoreV1Api(local_cluster.api_client()).read_namespaced_pod(name, ns)
-        return pod.status.phase == "Running"
-
-    wait_for(running, 60, f"pod {name} Running on {node_name}")
-    return name
-
-
 @pytest.mark.slow
 def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_detach(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -353,7 +319,7 @@ def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_
         try:
             before = partition_entry(api, ns, "events", 0)
             lost = before["node"]
-            neighbour = _neighbour(local_cluster, ns, lost)
+            neighbour = foreign_pod(local_cluster.api_client(), ns, lost, "neighbour")
             for _ in range(4):
                 traffic.batch()
             assert_output_exact(kafka.bootstrap, topic, traffic)
@@ -403,7 +369,7 @@ def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_
 
 
 def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainted(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,

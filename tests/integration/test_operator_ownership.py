@@ -14,9 +14,9 @@ from kubernetes import client
 
 from dedup_contract import names
 from dedup_local import kafka as local_kafka
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems, unhealthy
+from dedup_local.real_cluster import RealCluster
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import condition, get_pipeline, running_operator, wait_for
@@ -36,7 +36,7 @@ def published(bootstrap: str, topic: str) -> Counter[str]:
 
 
 def test_the_input_topic_grows_under_a_running_pipeline(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,

@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client, watch
 
 from dedup_contract import names
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker, produce_all
+from dedup_local.real_cluster import RealCluster
 from dedupctl import cli as ctl
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
@@ -101,7 +101,7 @@ def _produce(kafka: KafkaBroker, topic: str, ids: dict[int, list[str]]) -> int:
 
 
 def test_an_ownership_off_pipeline_switches_in_one_step(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,

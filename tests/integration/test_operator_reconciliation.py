@@ -28,8 +28,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import names
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
+from dedup_local.real_cluster import IMAGE_TAGS, RealCluster
 from dedup_local.spark_pods import ExecutorWatch
 from dedup_operator.desired import scheduled_audit
 from dedup_spark.audit_job import build_parser, job_from_args, publish_summary
@@ -60,7 +60,7 @@ ALSO_NEVER = "0 0 2 1 *"
 
 
 @pytest.fixture
-def spark_operator_crds(local_cluster: LocalCluster) -> Iterator[None]:
+def spark_operator_crds(local_cluster: RealCluster) -> Iterator[None]:
     """The stand-in CRDs for one test, removed afterwards (other tests of the session
     must see a cluster without the Spark operator)."""
     assert local_cluster.control_plane is not None
@@ -129,7 +129,7 @@ def publish_as_the_job(command: list[str], kubeconfig: Path, result: dict[str, A
 
 
 def test_cron_job_result_in_status_and_removal(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,
@@ -224,7 +224,12 @@ def test_cron_job_result_in_status_and_removal(
                             "spec": {
                                 "restartPolicy": "Never",
                                 "containers": [
-                                    {"name": "run", "image": "busybox:1.36", "command": ["true"]}
+                                    {
+                                        "name": "run",
+                                        "image": IMAGE_TAGS[0],
+                                        "imagePullPolicy": "Never",
+                                        "command": ["true"],
+                                    }
                                 ],
                             }
                         },
@@ -353,7 +358,7 @@ def test_cron_job_result_in_status_and_removal(
 
 
 def test_scheduled_spark_application_with_the_spark_operator(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     spark_operator_crds: None,
     kafka: KafkaBroker,
@@ -426,7 +431,7 @@ def test_scheduled_spark_application_with_the_spark_operator(
 
 
 def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
-    local_cluster: LocalCluster,
+    local_cluster: RealCluster,
     cluster_namespace: ClusterNamespace,
     kafka: KafkaBroker,
     new_topic: NewTopic,

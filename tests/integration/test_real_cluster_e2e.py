@@ -15,10 +15,9 @@ its own pod, and the partition moves once healed; with only the kubelet stopped,
 worker keeps its Lease and nothing is fenced until the heal. The foreign pod is left
 alone; the output stays exact.
 
-Own control plane and nodes, as tests/integration/test_real_kubelet.py (its docstring
-says why); the module names `kube` to run in the control-plane group's process, where the
-other real-node tests run (not the containers group: its session fixture would start a
-second, podman-backed cluster beside this one on a 2-core machine).
+On the session's real-node cluster (`local_cluster`), as every test of the local-cluster
+group; each test installs the chart and uninstalls it again, and deletes what pipelines an
+earlier test left.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,15 +39,13 @@ from kubernetes import client
 from dedup_contract import names
 from dedup_contract.timefmt import parse_time
 from dedup_local.chart import CHART, helm, template
-from dedup_local.cluster import ClusterTimings
-from dedup_local.image import ensure_image
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import versions
 from dedup_local.pod_health import log_problems, unhealthy
 from dedup_local.real_cluster import RealCluster
 from dedup_local.real_csi import DRIVER
 from support import rbac_check
-from support.kube_fixtures import CRD_FILES, KubeCluster
+from support.foreign_workload import foreign_pod
 from support.operator_helpers import condition, events, get_pipeline, wait_for, wait_for_event
 from support.pipeline_traffic import (
     Traffic,
@@ -63,7 +60,7 @@ from support.pipeline_traffic import (
 from support.pipelines import cluster_pipeline_body
 from support.worker_helpers import output_ids
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("local-cluster")]
 
 RELEASE, NAMESPACE, PIPELINE = "dedup-operator", "dedup-system", "events"
 OPERATOR_SELECTOR = f"app.kubernetes.io/name={RELEASE}"
@@ -73,21 +70,10 @@ PANIC = re.compile(r"^(panic: |fatal error: )|level=(panic|fatal)", re.MULTILINE
 VALUES = ("image.repository=localhost/dedup-operator", "image.tag=dev", "image.pullPolicy=Never")
 
 
-@pytest.fixture(scope="module")
-def real_cluster(kube: KubeCluster) -> Iterator[RealCluster]:
-    del kube  # only for the group's process (see the module docstring)
-    t0 = time.monotonic()
-    ensure_image()
-    cluster = RealCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES)
-    try:
-        cluster.start()
-        cluster.startup["total"] = time.monotonic() - t0
-        print("cluster start (s):", {k: round(v, 1) for k, v in cluster.startup.items()})
-        yield cluster
-    finally:
-        t0 = time.monotonic()
-        cluster.stop()
-        print(f"cluster stop: {time.monotonic() - t0:.1f}s")
+@pytest.fixture
+def real_cluster(local_cluster: RealCluster) -> RealCluster:
+    """The session's real-node cluster (tests/support/cluster_fixtures.py)."""
+    return local_cluster
 
 
 def helm_on(cluster: RealCluster, *args: str, timeout: float = 120) -> str:
@@ -148,6 +134,7 @@ def test_chart_on_real_nodes(
     t_test = time.monotonic()
     timings: dict[str, float] = {}
     api = cluster.api_client()
+    _delete_pipelines(cluster)  # an earlier test's, its operator gone
 
     # Real nodes, as `kubectl get nodes -o wide` shows them: the kubelet's version, the
     # containerd runtime, the bridge address.
@@ -319,96 +306,6 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 READS = {"get", "list", "watch"}
 
 
-def _foreign_pod(cluster: RealCluster, namespace: str, node_name: str) -> str:
-    """Another team's workload on `node_name`, in its own namespace: a plain pod of the
-    project's image running `sleep`, bound to the node, tolerating the node's unreachable
-    and not-ready taints for ever (as a pod with local data may) and not the
-    out-of-service taint: only that taint would evict it."""
-    name = "team-db-0"
-    tolerate = [
-        {"key": key, "operator": "Exists", "effect": "NoExecute"}
-        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-    ]
-    core = client.CoreV1Api(cluster.api_client())
-    core.create_namespaced_pod(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeName": node_name,
-                "tolerations": tolerate,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "localhost/dedup-operator:dev",
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "100000"],
-                    }
-                ],
-            },
-        },
-    )
-    wait_for(
-        lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running",
-        90,
-        f"pod {namespace}/{name} Running on {node_name}",
-    )
-    return name
-
-
-class PodsCutOffTheApi:
-    """The pods of a partitioned node lose the API server too, as on a real network
-    partition (`RealCluster.partition` only stops the kubelet; its pods would still reach
-    the API server through the host's kube-proxy rules): a DROP rule for the API server's
-    service IP and its host address:port in each running pod sandbox's own network
-    namespace (`nsenter` into the sandbox's pause process), nothing on the host. Kafka
-    (same host address, another port) stays reachable, as the stand-in's partition cuts
-    only the API. `restore()` deletes the rules of the sandboxes still there."""
-
-    def __init__(self, cluster: RealCluster, node: str) -> None:
-        from urllib.parse import urlparse
-
-        self.node = cluster.node(node)
-        url = urlparse(str(cluster.api_client().configuration.host))
-        self.rules = [
-            ["-d", "10.0.0.1/32", "-j", "DROP"],
-            ["-d", f"{url.hostname}/32", "-p", "tcp", "--dport", str(url.port), "-j", "DROP"],
-        ]
-        self.pids: list[int] = []
-
-    def _iptables(self, pid: int, op: str, rule: list[str], check: bool = True) -> None:
-        import subprocess
-
-        subprocess.run(
-            ["nsenter", f"--net=/proc/{pid}/ns/net", "iptables", "-w", op, "OUTPUT", *rule],
-            check=check,
-            capture_output=True,
-            timeout=30,
-        )
-
-    def cut(self) -> list[str]:
-        cut = []
-        sandboxes = json.loads(self.node.crictl("pods", "--state", "ready", "-o", "json"))
-        for sandbox in sandboxes.get("items") or []:
-            info = json.loads(self.node.crictl("inspectp", sandbox["id"]))
-            pid = int(info["info"]["pid"])
-            for rule in self.rules:
-                self._iptables(pid, "-I", rule)
-            self.pids.append(pid)
-            meta = sandbox["metadata"]
-            cut.append(f"{meta['namespace']}/{meta['name']}")
-        return cut
-
-    def restore(self) -> None:
-        for pid in self.pids:
-            for rule in self.rules:
-                self._iptables(pid, "-D", rule, check=False)  # gone with its pod: fine
-        self.pids.clear()
-
-
 class NodeWatch:
     """Polls (0.2 s) whether the node was ever tainted out-of-service, and whether the
     foreign pod was ever deleted, evicted or gone."""
@@ -523,7 +420,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
 ) -> None:
     """Partition 0's worker runs on node X beside another team's pod (another namespace,
     not tolerating the out-of-service taint). X is partitioned: its kubelet stopped
-    (`RealCluster.partition`) and its pods cut off the API server (`PodsCutOffTheApi`);
+    and its pods cut off the API server (`RealCluster.partition`);
     every container keeps running and reaching Kafka. The old worker pauses by its own
     clock; the operator fences its Lease (run out, holder cleared) before anything else,
     does not taint X (the foreign pod: `TaintBlocked`, the OutOfServiceTaintBlocked Event
@@ -551,7 +448,6 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
     helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
     cut: str | None = None
-    pods_cut: PodsCutOffTheApi | None = None
     try:
         body = cluster_pipeline_body(
             PIPELINE, broker.bootstrap, topic, cluster.storage_class, 2,
@@ -565,7 +461,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
             wait_published(broker.bootstrap, topic, 0, 300)
             before = partition_entry(api, ns, PIPELINE, 0)
             cut, old_pod = before["node"], before["pod"]
-            foreign = _foreign_pod(cluster, team, cut)
+            foreign = foreign_pod(cluster.api_client(), team, cut)
             foreign_ref = f"{team}/{foreign}"
             on_cut = [p for p in core.list_pod_for_all_namespaces().items
                       if p.spec.node_name == cut]  # fmt: skip
@@ -578,10 +474,8 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
                 NodeWatch(cluster, cut, team, foreign) as watch,
                 LogKeeper(cluster, ns, old_pod) as old_log,
             ):
-                pods_cut = PodsCutOffTheApi(cluster, cut)
                 cut_at, t0 = time.time(), time.monotonic()
-                cluster.partition(cut)
-                print(f"partitioned {cut}; pods cut off the API: {pods_cut.cut()}")
+                print(f"partitioned {cut}; pods cut off the API: {cluster.partition(cut)}")
 
                 def fenced() -> dict[str, Any] | None:
                     h = partition_entry(api, ns, PIPELINE, 0).get("handover") or {}
@@ -626,8 +520,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
                 assert not watch.tainted, f"{cut} tainted out-of-service at {watch.tainted[:1]}"
                 assert partition_entry(api, ns, PIPELINE, 0).get("handover"), "moved already?"
                 healed = time.monotonic()
-                cluster.heal(cut)
-                pods_cut.restore()
+                cluster.heal(cut)  # the pods' rules go too
                 after = wait_moved_off(cluster, ns, PIPELINE, 0, cut, timeout=240, every=1)
                 timings["healed -> partition 0 Ready elsewhere"] = time.monotonic() - healed
                 assert wait_for(
@@ -696,8 +589,6 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
         assert unexpected == [], unexpected
         wait_untainted(cluster, cut)
     finally:
-        if pods_cut is not None:
-            pods_cut.restore()
         if cut is not None:
             cluster.heal(cut)
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
@@ -710,7 +601,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
 def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
     real_cluster: RealCluster, kafka_broker_factory: Callable[..., KafkaBroker]
 ) -> None:
-    """`RealCluster.partition` alone: the kubelet of node X stopped, while X's pods still
+    """`RealCluster.partition(pods=False)`: the kubelet of node X stopped, while X's pods still
     reach the API server (through the host's kube-proxy rules) and Kafka, beside another
     team's pod. The node is judged lost (its heartbeat Lease stops), but its worker keeps
     renewing its partition Lease, so there is nothing to fence: the operator never clears
@@ -751,7 +642,7 @@ def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
             wait_published(broker.bootstrap, topic, 0, 300)
             before = partition_entry(api, ns, PIPELINE, 0)
             cut, old_pod = before["node"], before["pod"]
-            foreign = _foreign_pod(cluster, team, cut)
+            foreign = foreign_pod(cluster.api_client(), team, cut)
             on_cut = [p for p in core.list_pod_for_all_namespaces().items
                       if p.spec.node_name == cut]  # fmt: skip
             print(
@@ -762,7 +653,7 @@ def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
                 LogKeeper(cluster, ns, old_pod) as old_log,
             ):
                 t0 = time.monotonic()
-                cluster.partition(cut)
+                cluster.partition(cut, pods=False)
                 print(f"partitioned {cut} (kubelet stopped) running {old_pod}")
                 # Past the node's NotReady (8 s) and the unreachable taint's tolerations
                 # (10 s): what Kubernetes does to a lost node's pods has been done.

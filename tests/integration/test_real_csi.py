@@ -31,6 +31,7 @@ from dedup_local.image import built_ref
 from dedup_local.real_csi import DRIVER, STORAGE_CLASS, CsiController, CsiNodePlugin
 from dedup_local.real_node import RealNode, project_image_archive
 from support.kube_fixtures import KubeCluster
+from support.pod_bodies import image_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -91,26 +92,13 @@ def csi_cluster(kube: KubeCluster) -> Iterator[CsiCluster]:
 
 
 def _pod(name: str, image: str, node: str, script: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", f"{script}; exec sleep infinity"],
-                    "volumeMounts": [{"name": "disk", "mountPath": "/data"}],
-                }
-            ],
-            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": CLAIM}}],
-        },
-    }
+    pod = image_pod(name, image, ["sh", "-c", f"{script}; exec sleep infinity"])
+    spec = pod["spec"]
+    spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    spec["securityContext"] = {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID}
+    spec["containers"][0]["volumeMounts"] = [{"name": "disk", "mountPath": "/data"}]
+    spec["volumes"] = [{"name": "disk", "persistentVolumeClaim": {"claimName": CLAIM}}]
+    return pod
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> float:

@@ -1,8 +1,8 @@
-"""Real kubelets (issue 28, first and second stage): two nodes of `dedup_local.real_node`,
-each a kubelet with its own containerd (runc) and bridge network, join a control plane of
-their own and run a pod of the project's image; with the host's kube-proxy
-(`dedup_local.real_network`), a pod reaches the API server at its service IP with its
-service account's token, and a Kafka broker listening on the control plane's host address.
+"""Real kubelets (issue 28, first stage): two nodes of `dedup_local.real_node`, each a
+kubelet with its own containerd (runc) and bridge network, join a control plane of their
+own and run a pod of the project's image; a node killed, restarted and partitioned.
+(What pods reach through the host's kube-proxy is tests/integration/test_real_pod_network.py,
+on the session's real-node cluster: one kube-proxy per host.)
 
 Nothing stands in for a real part: kubelet and kube-proxy are built by `make setup-kube`,
 containerd/runc/the CNI plugins are Debian's, the pause image is compiled from the
@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +30,10 @@ import pytest
 
 from dedup_local.control_plane import ControlPlane
 from dedup_local.image import built_ref
-from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import versions
-from dedup_local.real_network import HostProxy
 from dedup_local.real_node import RealNode, project_image_archive
 from support.kube_fixtures import KubeCluster
+from support.pod_bodies import image_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -93,22 +91,7 @@ def real_cluster(kube: KubeCluster) -> Iterator[RealCluster]:
 
 
 def _pod(name: str, image: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": image,
-                    "imagePullPolicy": "Never",  # no registry: the node has it imported
-                    "command": ["sh", "-c", 'echo "hostname=$(hostname)"; exec sleep infinity'],
-                }
-            ],
-        },
-    }
+    return image_pod(name, image, ["sh", "-c", 'echo "hostname=$(hostname)"; exec sleep infinity'])
 
 
 def _wait_running(
@@ -207,139 +190,3 @@ def test_real_kubelets_run_the_project_image(real_cluster: RealCluster) -> None:
             text = each.log_path(component).read_text(errors="replace")
             assert not PANIC.search(text), f"{each.name} {component}: {PANIC.search(text)}"
     cp.kubectl("delete", "pod", POD, "--wait=true", "--timeout=60s")
-
-
-@pytest.fixture(scope="module")
-def host_proxy(real_cluster: RealCluster) -> Iterator[HostProxy]:
-    """The host's kube-proxy for these nodes (waits while another run's holds the host)."""
-    proxy = HostProxy(real_cluster.control_plane, real_cluster.nodes[0])
-    try:
-        proxy.start()
-        real_cluster.timings["kube-proxy rules"] = proxy.start_seconds
-        yield proxy
-    finally:
-        proxy.stop()
-
-
-# What runs in the pod: the official client's in-cluster configuration (the service IP
-# from the environment, the projected token and CA), then a producer and a consumer of
-# the project's image's confluent_kafka against the broker.
-IN_POD = """\
-import json, os, time
-from kubernetes import client, config
-from confluent_kafka import Consumer, Producer
-
-config.load_incluster_config()
-print("apiserver=" + client.Configuration.get_default_copy().host, flush=True)
-pods = client.CoreV1Api().list_namespaced_pod(os.environ["NAMESPACE"])
-print("pods=" + json.dumps(sorted(p.metadata.name for p in pods.items)), flush=True)
-
-boot, topic = os.environ["BOOTSTRAP"], os.environ["TOPIC"]
-producer = Producer({"bootstrap.servers": boot, "enable.idempotence": True})
-for i in range(10):
-    producer.produce(topic, key=f"pod-{i}", value=f"from the pod {i}")
-assert producer.flush(60) == 0, "undelivered records"
-consumer = Consumer(
-    {"bootstrap.servers": boot, "group.id": "in-pod", "auto.offset.reset": "earliest"}
-)
-consumer.subscribe([topic])
-seen = []
-deadline = time.monotonic() + 60
-while len(seen) < 15 and time.monotonic() < deadline:
-    msg = consumer.poll(1)
-    if msg is not None and msg.error() is None:
-        seen.append(msg.key().decode())
-consumer.close()
-print("consumed=" + json.dumps(sorted(seen)), flush=True)
-"""
-CLIENT_POD = "in-cluster-client"
-LISTER = "pod-lister"
-
-
-def _rbac(namespace: str) -> list[dict[str, Any]]:
-    """A service account allowed to list pods in its namespace, and nothing else."""
-    meta = {"name": LISTER, "namespace": namespace}
-    subject = {"kind": "ServiceAccount", "name": LISTER, "namespace": namespace}
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LISTER}
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": [rule]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "subjects": [subject], "roleRef": role_ref},
-    ]  # fmt: skip
-
-
-def test_pods_reach_the_api_server_and_kafka(
-    real_cluster: RealCluster,
-    host_proxy: HostProxy,
-    kafka_broker_factory: Callable[..., KafkaBroker],
-) -> None:
-    cluster = real_cluster
-    cp = cluster.control_plane
-    # The API server is bound to and advertised on the control plane's host address: the
-    # `kubernetes` service's endpoint is there, not on loopback.
-    assert cp.host != "127.0.0.1" and cp.server.startswith(f"https://{cp.host}:")
-    endpoints = json.loads(cp.kubectl("get", "endpoints", "kubernetes", "-o", "json").stdout)
-    (subset,) = endpoints["subsets"]
-    assert [a["ip"] for a in subset["addresses"]] == [cp.host], subset
-
-    # A broker advertised on the same address (the host's clients reach it there too).
-    broker = kafka_broker_factory(host=cp.host)  # its own: on the session's address
-    assert broker.bootstrap == f"{cp.host}:{broker.port}"
-    topic = f"real-kubelet-{uuid.uuid4().hex[:8]}"
-    broker.create_topic(topic)
-    broker.produce(topic, [(f"host-{i}", f"from the host {i}", None) for i in range(5)])
-
-    for doc in _rbac("default"):
-        cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
-    pod = _pod(CLIENT_POD, cluster.image)
-    pod["spec"]["restartPolicy"] = "Never"
-    pod["spec"]["serviceAccountName"] = LISTER
-    (container,) = pod["spec"]["containers"]
-    container["command"] = ["python", "-c", IN_POD]
-    container["env"] = [
-        {"name": "NAMESPACE", "value": "default"},
-        {"name": "BOOTSTRAP", "value": broker.bootstrap},
-        {"name": "TOPIC", "value": topic},
-    ]
-    t0 = time.monotonic()
-    cp.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    deadline = time.monotonic() + 180
-    phase, pod_ips = "", set[str]()
-    while phase not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"pod {CLIENT_POD} still {phase!r}"
-        time.sleep(0.5)
-        status = json.loads(cp.kubectl("get", "pod", CLIENT_POD, "-o", "json").stdout)["status"]
-        phase = status.get("phase", "")
-        pod_ips |= {status["podIP"]} if status.get("podIP") else set()
-    cluster.timings["in-cluster client pod done"] = time.monotonic() - t0
-    logs = cp.kubectl("logs", CLIENT_POD).stdout
-    print(logs)
-    assert phase == "Succeeded", logs
-    lines = dict(line.split("=", 1) for line in logs.splitlines() if "=" in line)
-    # (a) in-cluster config: the service IP from the pod's environment, and the list
-    # answered by the API server for the service account's token (RBAC's Role).
-    assert lines["apiserver"] == "https://10.0.0.1:443", lines
-    assert CLIENT_POD in json.loads(lines["pods"])
-    user = f"system:serviceaccount:default:{LISTER}"
-    lists = [
-        e for e in cp.audit_events(user)
-        if e.get("verb") == "list" and (e.get("objectRef") or {}).get("resource") == "pods"
-    ]  # fmt: skip
-    assert lists and all(e["responseStatus"]["code"] == 200 for e in lists), lists
-    # from the pod's own address: not masqueraded
-    assert {ip for e in lists for ip in e.get("sourceIPs", [])} == pod_ips, (pod_ips, lists)
-    # (b) the pod produced to the broker and consumed the host's records and its own.
-    expected = sorted([f"host-{i}" for i in range(5)] + [f"pod-{i}" for i in range(10)])
-    assert json.loads(lines["consumed"]) == expected
-    keys = sorted(m.key().decode() for m in broker.read_committed(topic))
-    assert keys == expected
-
-    # The host's kube-proxy: no error in its log; nothing of it left after stop.
-    assert not host_proxy.log_errors(), host_proxy.log_errors()
-    cp.kubectl("delete", "pod", CLIENT_POD, "--wait=true", "--timeout=60s")
-    host_proxy.stop()
-    assert host_proxy.chains_after_stop == []
-    assert not host_proxy.log_errors(), host_proxy.log_errors()

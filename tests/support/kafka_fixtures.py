@@ -1,6 +1,7 @@
 """pytest fixtures for the real Kafka part (see local/dedup_local/kafka.py).
 
-`kafka`: one real broker (KRaft, Java) per test session, started on first use.
+`kafka`: one real broker (KRaft, Java) per test session, started on first use (where
+the local cluster's pods reach it, when the session uses that cluster).
 `topic_name`: a unique topic name for the test (not created).
 `new_topic`: a factory that creates unique topics on the session broker.
 `kafka_broker_factory`: private brokers for tests that kill or restart one (chaos); they
@@ -40,9 +41,14 @@ def _unique_name(request: pytest.FixtureRequest, prefix: str | None = None) -> s
 
 
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[KafkaBroker]:
-    """The session's Kafka broker; `.bootstrap` is "127.0.0.1:<port>"."""
-    broker = KafkaBroker()
+def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
+    """The session's Kafka broker; `.bootstrap` is "127.0.0.1:<port>", or, when a test of
+    the session runs on the local cluster's real nodes (`local_cluster`), the address
+    their pods reach (`RealCluster.broker_host`; the host's clients reach it too)."""
+    on_real_nodes = any("local_cluster" in getattr(item, "fixturenames", ())
+                        for item in request.session.items)  # fmt: skip
+    host = request.getfixturevalue("local_cluster").broker_host if on_real_nodes else None
+    broker = KafkaBroker(host=host) if host else KafkaBroker()
     try:
         broker.start()
     except MissingArtifact as exc:

@@ -22,9 +22,9 @@ from kubernetes import client
 from dedup_contract import names
 from dedup_contract.ownership import owner_reference
 from dedup_contract.timefmt import parse_time
-from dedup_local.cluster import LocalCluster
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kafka import produce_all as kafka_produce_all
+from support.cluster_fixtures import AnyCluster
 from support.kafka_fixtures import NewTopic
 from support.operator_helpers import (
     condition,
@@ -183,7 +183,7 @@ def wait_published(bootstrap: str, topic: str, partition: int, at_least: int) ->
 
 
 def wait_moved_off(
-    local_cluster: LocalCluster,
+    local_cluster: AnyCluster,
     ns: str,
     name: str,
     partition: int,
@@ -207,7 +207,7 @@ def wait_moved_off(
         raise
 
 
-def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[str, Any] | None:
+def worker_ready_line(local_cluster: AnyCluster, ns: str, pod: str) -> dict[str, Any] | None:
     for line in local_cluster.pod_log(ns, pod).splitlines():
         if '"worker ready"' in line:
             parsed: dict[str, Any] = json.loads(line)
@@ -215,16 +215,24 @@ def worker_ready_line(local_cluster: LocalCluster, ns: str, pod: str) -> dict[st
     return None
 
 
-def wait_untainted(local_cluster: LocalCluster, node_name: str) -> None:
+def wait_untainted(local_cluster: AnyCluster, node_name: str) -> None:
     def untainted() -> bool:
         node = client.CoreV1Api(local_cluster.api_client()).read_node(node_name)
         keys = {t.key for t in node.spec.taints or []}
         return "node.kubernetes.io/out-of-service" not in keys
 
-    wait_for(untainted, 60, f"the operator to remove {node_name}'s out-of-service taint")
+    try:
+        wait_for(untainted, 60, f"the operator to remove {node_name}'s out-of-service taint")
+    except AssertionError:  # what the operator reads to decide: the node, its attachments
+        for args in (("get", "node", node_name, "-o", "yaml"),
+                     ("get", "volumeattachments", "-o", "wide"),
+                     ("get", "lease", "-n", "kube-node-lease", node_name, "-o", "yaml"),
+                     ("get", "deduppipelines", "-A", "-o", "yaml")):  # fmt: skip
+            print(local_cluster.kubectl(*args, check=False).stdout)
+        raise
 
 
-def dump_pipeline(local_cluster: LocalCluster, ns: str) -> None:
+def dump_pipeline(local_cluster: AnyCluster, ns: str) -> None:
     """What a person would look at when a partition does not move."""
     print(
         local_cluster.kubectl("get", "pods,volumeattachments,nodes", "-n", ns, "-o", "wide").stdout
@@ -241,7 +249,7 @@ def dump_pipeline(local_cluster: LocalCluster, ns: str) -> None:
 
 
 def lose_a_node_during_traffic(
-    local_cluster: LocalCluster,
+    local_cluster: AnyCluster,
     ns: str,
     kafka: KafkaBroker,
     topic: str,
