@@ -23,6 +23,7 @@ CLUSTER_GROUPS = (
     ("container_cluster", "containers"),
     ("local_cluster", "local-cluster"),
     ("stand_in_cluster", "local-cluster"),
+    ("own_real_nodes", "local-cluster"),
     ("kube", "control-plane"),
 )
 """The session fixture that starts each group's cluster. A test declares its group with
@@ -74,6 +75,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "integration tests with a wrong cluster group:\n" + "\n".join(wrong)
         )
+    # The host has one kube-proxy (dedup_local.real_network: a machine-wide lock): a test
+    # that starts a real-node cluster of its own (`own_real_nodes`: the demo's Ctrl-C
+    # test) runs first, before the session's `local_cluster` starts, or it would wait for
+    # the session to end.
+    items.sort(key=lambda item: "own_real_nodes" not in getattr(item, "fixturenames", ()))
     wanted = config.getoption("--cluster-group")
     if wanted is None:
         return

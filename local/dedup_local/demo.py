@@ -1,9 +1,8 @@
 """`make demo`: the main job on the embedded local default, shown as it happens.
 
-1. starts a real Kafka broker and the local cluster (etcd, kube-apiserver, the real
-   controllers and scheduler, three nodes whose agents run pods in containers from the
-   project's image, volumes from a pool that outlive nodes) with the DedupPipeline CRD
-   installed, and shows an invalid pipeline refused by the API server;
+1. starts the local cluster on real nodes (`RealCluster`: control plane, three kubelets
+   with containerd and the project's image, kube-proxy, CSI volumes) with the CRD, and a
+   Kafka broker its pods reach, and shows an invalid pipeline refused by the API server;
 2. creates the pipeline's topics with 3 partitions and produces a backlog of events keyed
    by message id, with duplicates near and far (a retry lands on any partition: its owner
    gets it forwarded) and a few malformed records;
@@ -13,15 +12,15 @@
 4. streams more events while a monitor prints, every two seconds, what `dedupctl status`
    reads (the pipeline's phase, records in/out, duplicates, dead letters, each
    partition's lag and input rate);
-5. mid-stream, kills the node running partition 0 and prints each step of the handover
-   as the operator records it;
+5. mid-stream, kills the node running partition 0 (reported shut down, as a cloud
+   does) and prints each step of the handover as the operator records it;
 6. runs the audit through the operator's schedule (`dedupctl audit --now`), reads the
    output back with an independent read_committed consumer, prints the final table and
    writes a PNG of throughput and lag per partition with the failover marked.
 
 Ctrl-C at any moment stops everything it started (the monitor and producer threads, the
-operator, the cluster's nodes, pods, containers and mounts, the control plane, the
-broker) and exits 130; a second Ctrl-C during that cleanup is ignored so it completes.
+operator, the cluster's nodes with their containers and mounts, kube-proxy's rules, the
+control plane, the broker) and exits 130; a second Ctrl-C during that cleanup is ignored so it completes.
 What a run shows, and its timings: docs/development.md, "The demo".
 """
 
@@ -51,12 +50,13 @@ from dedup_contract.timefmt import parse_time
 from dedup_local.chart import CHART, LOCAL_CLUSTER_VALUES, helm
 from dedup_local.chart import NAMESPACE as OPERATOR_NAMESPACE
 from dedup_local.chart import RELEASE as OPERATOR_RELEASE
-from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.cluster import ClusterTimings
 from dedup_local.demo_plot import Handover, Point, plot
 from dedup_local.image import DEV_TAG, ensure_image
 from dedup_local.kafka import KafkaBroker, committed_offsets
 from dedup_local.paths import REPO_ROOT, cache_dir
 from dedup_local.pod_health import unhealthy
+from dedup_local.real_cluster import RealCluster
 from dedup_worker.loop import DLQ_REASON
 from dedupctl import cli as ctl
 from dedupctl import view as ctl_view
@@ -113,7 +113,7 @@ def pipeline_manifest(bootstrap: str, storage_class: str) -> dict[str, Any]:
     return doc
 
 
-def show_api(cluster: LocalCluster) -> None:
+def show_api(cluster: RealCluster) -> None:
     say("nodes:\n" + cluster.kubectl("get", "nodes", "-L", "topology.kubernetes.io/zone").stdout)
     bad = EXAMPLE.read_text().replace("partitions: 3", "partitions: 0")
     bad = bad.replace("name: events", "name: broken")
@@ -332,7 +332,7 @@ class Monitor:
             self.handovers[key] = Handover(q["partition"], str(h["reason"]), decided, h["steps"])
 
 
-def install_operator(cluster: LocalCluster) -> None:
+def install_operator(cluster: RealCluster) -> None:
     """`helm install` of the chart, with the local cluster's image and a 1 s pass."""
     sets = [a for v in (*LOCAL_CLUSTER_VALUES, "operator.interval=1") for a in ("--set", v)]
     helm(
@@ -342,7 +342,7 @@ def install_operator(cluster: LocalCluster) -> None:
     )  # fmt: skip
 
 
-def operator_logs(cluster: LocalCluster) -> str:
+def operator_logs(cluster: RealCluster) -> str:
     pods = cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "name").stdout.split()
     return "".join(
         f"--- {pod}\n{cluster.pod_log(OPERATOR_NAMESPACE, pod.split('/')[-1])[-3000:]}"
@@ -350,14 +350,14 @@ def operator_logs(cluster: LocalCluster) -> str:
     )
 
 
-def worker_logs(cluster: LocalCluster) -> str:
+def worker_logs(cluster: RealCluster) -> str:
     pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
     return "".join(
         f"--- {pod}\n{cluster.pod_log(NAMESPACE, pod.split('/')[-1])[-1500:]}" for pod in pods
     )
 
 
-def diagnosis(cluster: LocalCluster) -> str:
+def diagnosis(cluster: RealCluster) -> str:
     """What the pipeline waits for, in a few lines: its conditions, each partition's
     entry, the pods and the namespace's latest events (printed last on a failure, so a
     truncated log still shows it)."""
@@ -377,7 +377,7 @@ def diagnosis(cluster: LocalCluster) -> str:
     return "\n".join(lines)
 
 
-def pipeline_status(cluster: LocalCluster) -> dict[str, Any]:
+def pipeline_status(cluster: RealCluster) -> dict[str, Any]:
     out = cluster.kubectl("get", "dp", PIPELINE, "-n", NAMESPACE, "-o", "json", check=False)
     if out.returncode != 0:
         return {}
@@ -385,12 +385,12 @@ def pipeline_status(cluster: LocalCluster) -> dict[str, Any]:
     return status
 
 
-def ready(cluster: LocalCluster) -> bool:
+def ready(cluster: RealCluster) -> bool:
     conditions = {c["type"]: c["status"] for c in pipeline_status(cluster).get("conditions") or []}
     return conditions.get("Ready") == "True"
 
 
-def partition_entry(cluster: LocalCluster, partition: int) -> dict[str, Any]:
+def partition_entry(cluster: RealCluster, partition: int) -> dict[str, Any]:
     for entry in pipeline_status(cluster).get("partitions") or []:
         if entry.get("partition") == partition:
             return dict(entry)
@@ -407,7 +407,7 @@ def committed(bootstrap: str) -> int:
     return sum(max(0, offset) for offset in offsets)
 
 
-def dedupctl(cluster: LocalCluster, *args: str, timeout: float = 120) -> int:
+def dedupctl(cluster: RealCluster, *args: str, timeout: float = 120) -> int:
     """dedupctl as a person runs it, its output on the demo's terminal."""
     cmd = [DEDUPCTL, *args, "-n", NAMESPACE, "--kubeconfig", str(cluster.kubeconfig_path)]
     say("$ dedupctl " + " ".join(args))
@@ -436,19 +436,21 @@ def cleanup_uninterrupted() -> Iterator[contextlib.ExitStack]:
 def run(png: Path) -> int:
     rng = random.Random(42)
     with cleanup_uninterrupted() as stack:
-        kafka = KafkaBroker()
-        stack.callback(kafka.close)
-        kafka.start()
-        cluster = LocalCluster(
+        image = ensure_image()  # each node imports it
+        cluster = RealCluster(
             nodes=3,
             timings=ClusterTimings.fast(),
             crds=sorted((REPO_ROOT / "crds").glob("*.yaml")),
-            containers=True,
+            image=image,
         )
         stack.enter_context(cluster)
+        kafka = KafkaBroker(host=cluster.broker_host)  # where the nodes' pods reach it
+        stack.callback(kafka.close)
+        kafka.start()
+        dirs = " ".join(str(n.data_dir) for n in cluster.nodes.values())
         say(
-            f"Kafka broker at {kafka.bootstrap}; local cluster up, KUBECONFIG={cluster.kubeconfig_path}"
-            f" (cluster data in {cluster.data_dir})"
+            f"local cluster up on real nodes, KUBECONFIG={cluster.kubeconfig_path}"
+            f" (node directories: {dirs}); Kafka broker at {kafka.bootstrap}"
         )
         show_api(cluster)
         for topic in ("events", "events-dlq"):
@@ -462,7 +464,7 @@ def run(png: Path) -> int:
         events.flush()
         say(f"produced a backlog of {len(events.sent)} events and {MALFORMED} malformed records")
 
-        say(f"installing the operator with Helm ({ensure_image()}, two replicas)")
+        say(f"installing the operator with Helm ({image}, two replicas)")
         install_operator(cluster)
         say(cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide").stdout)
         try:
@@ -489,8 +491,11 @@ def run(png: Path) -> int:
 
             victim = partition_entry(cluster, 0)
             lost_node = str(victim["node"])
-            say(f"killing node {lost_node}, which runs partition 0 ({victim['pod']}), mid-stream")
-            cluster.kill(lost_node)
+            say(
+                f"killing node {lost_node}, which runs partition 0 ({victim['pod']}), mid-stream"
+                " (the cloud reports the instance shut down)"
+            )
+            cluster.kill(lost_node, shutdown=True)
             killed_at = time.monotonic()
 
             def moved() -> dict[str, Any] | None:

@@ -2,11 +2,14 @@
 
 The demo runs as `make demo` runs it (`python -m dedup_local.demo`, its own process
 group, as a terminal's foreground job); once its pipeline is Ready (Kafka, the control
-plane, three nodes, worker and operator pods in containers, their volumes), the test
+plane, three real nodes running the worker and operator pods, their volumes), the test
 sends SIGINT to its process group, as a terminal's Ctrl-C does, and then checks that
 the demo exited 130 saying so, and that nothing it started is left: no process that
-descended from it, no container of its cluster, no mount of its directories or
-containers, its directories removed.
+descended from it, no process of its nodes (containerd's shims leave the demo's tree),
+no mount under its nodes' directories, the directories removed, no KUBE-* chain.
+
+In the local-cluster group, before the session's real-node cluster starts
+(tests/conftest.py): the host has one kube-proxy, which the demo's cluster takes.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from dedup_local.cluster.runtime import CONTAINER_LABEL
-from dedup_local.image import podman
 from dedup_local.paths import REPO_ROOT
+from dedup_local.real_network import iptables_kube_chains
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("kafka-spark")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.cluster_group("local-cluster"),
+    pytest.mark.usefixtures("own_real_nodes"),
+]
 
 
 def _start_time(pid: int) -> str | None:
@@ -71,16 +77,29 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def containers(cluster_id: str) -> list[str]:
-    listed = podman(
-        "ps", "--all", "--quiet", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={cluster_id}",
-        check=False,
-    )  # fmt: skip
-    return listed.stdout.split()
+def node_processes(dirs: list[Path]) -> list[str]:
+    """Live processes whose command line names one of the nodes' directories (kubelet,
+    containerd, its shims, the CSI plugins)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if any(str(d) in cmd for d in dirs):
+                found.append(f"{entry.name} {cmd.strip()}")
+    return found
+
+
+def mounts_under(dirs: list[Path]) -> list[str]:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line for line in lines if any(f" {d}/" in line or f" {d} " in line for d in dirs)]
 
 
 def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
     log_path = tmp_path / "demo.log"
+    chains_before = iptables_kube_chains()
     demo = subprocess.Popen(
         [sys.executable, "-m", "dedup_local.demo", "--png", str(tmp_path / "demo.png")],
         cwd=REPO_ROOT,
@@ -93,7 +112,7 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     seen: dict[int, tuple[str | None, str]] = {}
-    running: list[str] = []
+    node_dirs: list[Path] = []
     stop = threading.Event()
 
     def watch() -> None:  # everything it starts, while it runs
@@ -110,13 +129,12 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, what_failed(log_path.read_text(errors="replace"))
             time.sleep(1)
         log = log_path.read_text(errors="replace")
-        m = re.search(r"cluster data in ([^\s)]+)", log)
+        m = re.search(r"node directories: ([^)]+)\)", log)
         assert m, log[-3000:]
-        data_dir = Path(m.group(1))
-        cluster_id = "dl-" + data_dir.name.removeprefix("run-")
-        running = containers(cluster_id)
-        assert running, "worker and operator pods run in containers"
-        assert data_dir.is_dir()
+        node_dirs = [Path(d) for d in m.group(1).split()]
+        running = node_processes(node_dirs)
+        assert any("containerd-shim" in p for p in running), "pods run in containerd"
+        assert all(d.is_dir() for d in node_dirs)
 
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
         rc = demo.wait(timeout=300)
@@ -147,9 +165,7 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert len(seen) > 5, seen  # it did start things: the control plane, Kafka, agents
     assert left() == [], left()
-    assert containers(cluster_id) == []
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(data_dir) not in mounts
-    for cid in running:
-        assert cid not in mounts, cid
-    assert not data_dir.exists()
+    assert node_processes(node_dirs) == []
+    assert mounts_under(node_dirs) == []
+    assert not any(d.exists() for d in node_dirs), node_dirs
+    assert iptables_kube_chains() == chains_before  # kube-proxy's rules gone

@@ -89,6 +89,13 @@ def local_cluster() -> Iterator[RealCluster]:
     assert proxy.chains_after_stop == [], proxy.chains_after_stop
 
 
+@pytest.fixture
+def own_real_nodes() -> None:
+    """Names a test that starts a real-node cluster of its own (the demo's): it runs in
+    the local-cluster group's process, first, before that process's session cluster
+    starts (tests/conftest.py orders it): the host has one kube-proxy."""
+
+
 @pytest.fixture(scope="session")
 def stand_in_cluster() -> Iterator[LocalCluster]:
     yield from running_cluster()

@@ -159,7 +159,18 @@ def ready_pipeline(api: client.ApiClient, ns: str, name: str, partitions: int) -
             return p
         return None
 
-    return wait_for(ready, 180, f"{name} to be Ready with {partitions} partitions", every=1)
+    try:
+        return wait_for(ready, 180, f"{name} to be Ready with {partitions} partitions", every=1)
+    except AssertionError:  # what a person would look at: the pods and the namespace's Events
+        core = client.CoreV1Api(api)
+        for pod in core.list_namespaced_pod(ns).items:
+            states = [(c.name, c.ready, c.restart_count, c.state.to_dict())
+                      for c in pod.status.container_statuses or []]  # fmt: skip
+            print(f"--- {pod.metadata.name} on {pod.spec.node_name}: {pod.status.phase} {states}")
+        for e in core.list_namespaced_event(ns).items:
+            print(f"{e.last_timestamp} {e.type} {e.reason} {e.involved_object.kind}/"
+                  f"{e.involved_object.name}: {e.message}")  # fmt: skip
+        raise
 
 
 def partition_entry(api: client.ApiClient, ns: str, name: str, p: int) -> dict[str, Any]:
@@ -268,7 +279,12 @@ def lose_a_node_during_traffic(
         ready_pipeline(api, ns, "events", 2)
         traffic = Traffic(kafka.bootstrap, topic, 2)
         with traffic.running():
-            published_before = wait_published(kafka.bootstrap, topic, 0, 300)
+            try:
+                published_before = wait_published(kafka.bootstrap, topic, 0, 300)
+            except AssertionError:
+                print(f"{traffic.sent} records sent")
+                dump_pipeline(local_cluster, ns)
+                raise
             before = partition_entry(api, ns, "events", 0)
             lost = before["node"]
             killed_at = time.monotonic()
