@@ -21,6 +21,7 @@ nodes, which real node agents would disturb.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,7 +154,20 @@ def _namespace(
         except ApiException as exc:
             if exc.status != 404:
                 raise
+        if isinstance(local_cluster, RealCluster):
+            _wait_pods_gone(core, name)
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _wait_pods_gone(core: client.CoreV1Api, namespace: str, timeout_s: float = 90) -> None:
+    """The next test starts once this one's pods are gone from the real nodes (their
+    workers stopped, their Kafka connections closed): on real nodes, a test's workers
+    started while the previous test's were still stopping had their transactional
+    requests to the session's broker time out (CI 2026-11-26; the cause is not yet
+    known)."""
+    deadline = time.monotonic() + timeout_s
+    while core.list_namespaced_pod(namespace).items and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _release_pipelines(api: ApiClient, namespace: str) -> None:
