@@ -55,12 +55,6 @@ def pipeline_body(
 
 
 def create_pipeline(api: client.ApiClient, ns: str, body: dict[str, Any]) -> None:
-    """Creates the pipeline with a consumer group of its namespace's own (unless the body
-    names one): the default, `dedup-<name>`, is the same for every test's pipeline
-    `events` on the session's broker, so tests would share one group (as two pipelines
-    of one name in two namespaces on one Kafka cluster do: docs/operations.md)."""
-    kafka = body["spec"]["kafka"]
-    kafka.setdefault("consumerGroup", f"dedup-{ns}-{body['metadata']['name']}")
     client.CustomObjectsApi(api).create_namespaced_custom_object(
         names.GROUP, names.VERSION, ns, names.PLURAL, body
     )
