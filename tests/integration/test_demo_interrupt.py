@@ -168,4 +168,6 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
     assert node_processes(node_dirs) == []
     assert mounts_under(node_dirs) == []
     assert not any(d.exists() for d in node_dirs), node_dirs
-    assert iptables_kube_chains() == chains_before  # kube-proxy's rules gone
+    # kube-proxy's rules gone: nothing new (another run's kube-proxy, waited for by the
+    # demo's, may have taken its own chains away meanwhile: CI runs side by side)
+    assert set(iptables_kube_chains()) <= set(chains_before)
