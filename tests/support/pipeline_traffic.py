@@ -121,10 +121,13 @@ class Traffic:
             del self._producer  # no reconnect attempts once the broker is gone
 
 
-def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: float = 90) -> None:
+def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: float = 180) -> None:
     """Every id the traffic sent is published once across the whole output, on its
     owner's partition (the pure-Python reference hash, not the workers' C one), and the
-    ids of one input partition keep their order on each output partition."""
+    ids of one input partition keep their order on each output partition. `timeout`:
+    on real nodes under CI's load a replacement worker's transactional request has been
+    seen to hang until its 60 s timeout before the batch was redone (cause not yet
+    known: the closing note of 2026-11-26); exactness is what this checks, not speed."""
     sent_on = {i: p for p, ids in traffic.unique.items() for i in ids}
     partitions = range(traffic.partitions)
 
