@@ -303,11 +303,16 @@ class ControlPlane(Started):
         return self._host
 
     @property
-    def server(self) -> str:
-        """The apiserver URL, e.g. https://127.0.0.1:41234."""
+    def apiserver_port(self) -> int:
+        """The port the API server listens on (at `host`)."""
         if not self._apiserver_port:
             raise RuntimeError("control plane not started")
-        return f"https://{self._host}:{self._apiserver_port}"
+        return self._apiserver_port
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL, e.g. https://127.0.0.1:41234."""
+        return f"https://{self._host}:{self.apiserver_port}"
 
     @property
     def etcd_url(self) -> str:

@@ -222,13 +222,12 @@ class RealCluster(Started):
         self.nodes[node].partition()
         if not pods:
             return []
-        from urllib.parse import urlparse
-
-        url = urlparse(self._cp.server)
-        assert url.hostname is not None and url.port is not None, self._cp.server
-        cut = self.cut_off.setdefault(
-            node, PodsCutOffTheApi(self.nodes[node], url.hostname, url.port)
-        )
+        cut = self.cut_off.get(node)
+        if cut is None:
+            cp = self._cp
+            cut = self.cut_off[node] = PodsCutOffTheApi(
+                self.nodes[node], cp.host, cp.apiserver_port
+            )
         return cut.cut()
 
     def heal(self, node: str) -> None:

@@ -110,7 +110,6 @@ class LeaseWatch:
         self.lease_clock = LeaseClock()
         self.heartbeat_view = ContinuousView(HEARTBEAT_GAP_S)
         self._lock = threading.Lock()
-        # nodeLostAfter -> (monotonic time judged, the node views)
         # nodeLostAfter -> (when judged, the operator's node writes by then, the views)
         self._node_views: dict[timedelta, tuple[float, int, dict[str, Any]]] = {}
 

@@ -11,7 +11,6 @@ leaves the CRD, the pipeline, its volumes and its running workers.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -27,7 +26,7 @@ from dedup_local.pod_health import unhealthy
 from support import rbac_check
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.operator_helpers import wait_for
+from support.operator_helpers import drop_finalizers, wait_for
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
@@ -83,19 +82,6 @@ def asked_only_what_the_chart_grants(
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     assert rbac_check.not_granted(docs, (namespace, release), asked) == []
     return asked
-
-
-def drop_finalizers(api: client.ApiClient, ns: str, name: str) -> None:
-    """No operator is left to release the pipeline's finalizers: drop them, so that the
-    namespace (and the workers) go with the test."""
-    try:
-        client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            names.GROUP, names.VERSION, ns, names.PLURAL, name,
-            json.loads('{"metadata": {"finalizers": null}}'),
-        )  # fmt: skip
-    except client.exceptions.ApiException as exc:
-        if exc.status != 404:
-            raise
 
 
 def worker_state(api: client.ApiClient, ns: str) -> dict[str, tuple[str, str, int]]:

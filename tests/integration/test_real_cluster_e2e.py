@@ -46,7 +46,14 @@ from dedup_local.real_cluster import RealCluster
 from dedup_local.real_csi import DRIVER
 from support import rbac_check
 from support.foreign_workload import foreign_pod
-from support.operator_helpers import condition, events, get_pipeline, wait_for, wait_for_event
+from support.operator_helpers import (
+    condition,
+    drop_finalizers,
+    events,
+    get_pipeline,
+    wait_for,
+    wait_for_event,
+)
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
@@ -115,16 +122,6 @@ def asked_only_what_the_chart_grants(cluster: RealCluster) -> list[rbac_check.Re
     docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     assert rbac_check.not_granted(docs, (NAMESPACE, RELEASE), asked) == []
     return asked
-
-
-def drop_finalizers(api: client.ApiClient, ns: str, name: str) -> None:
-    try:
-        client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            names.GROUP, names.VERSION, ns, names.PLURAL, name, {"metadata": {"finalizers": None}}
-        )
-    except client.exceptions.ApiException as exc:
-        if exc.status != 404:
-            raise
 
 
 def test_chart_on_real_nodes(

@@ -37,6 +37,7 @@ from dedup_local.cluster import ClusterTimings, LocalCluster
 from dedup_local.image import ensure_image
 from dedup_local.real_cluster import RealCluster
 from support.kube_fixtures import CRD_FILES, _wait_for_default_service_account
+from support.operator_helpers import drop_finalizers
 
 AnyCluster = LocalCluster | RealCluster
 """Either local cluster: what the tests' helpers need of it (API, kubectl, pod logs, node
@@ -187,7 +188,4 @@ def _release_pipelines(api: ApiClient, namespace: str) -> None:
     for item in found.get("items") or []:
         if item["metadata"].get("finalizers"):
             with contextlib.suppress(ApiException):
-                custom.patch_namespaced_custom_object(
-                    names.GROUP, names.VERSION, namespace, names.PLURAL,
-                    item["metadata"]["name"], {"metadata": {"finalizers": None}},
-                )  # fmt: skip
+                drop_finalizers(api, namespace, item["metadata"]["name"])

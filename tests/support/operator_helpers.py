@@ -47,6 +47,18 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: fl
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+def drop_finalizers(api: ApiClient, ns: str, name: str) -> None:
+    """No operator is left to release the pipeline's finalizers: drop them, so that the
+    namespace (and the workers) go with the test. A pipeline already gone is fine."""
+    try:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            names.GROUP, names.VERSION, ns, names.PLURAL, name, {"metadata": {"finalizers": None}}
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def get_pipeline(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         found = client.CustomObjectsApi(api).get_namespaced_custom_object(
