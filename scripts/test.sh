@@ -20,7 +20,7 @@ trap 'rm -rf "$results"' EXIT
 run_group() {
   local group="$1"
   set +e
-  PYTHONUNBUFFERED=1 "$PY" -m pytest -m integration -v -p no:cacheprovider \
+  PYTHONUNBUFFERED=1 "$PY" -m pytest -m integration -v -p no:cacheprovider --durations=12 \
     --cluster-group "$group" tests 2>&1 | tee "$results/$group.log" | sed -u "s/^/[$group] /"
   echo "${PIPESTATUS[0]}" >"$results/$group.rc"
 }

@@ -3,9 +3,9 @@
 Integration tests run in parallel processes grouped by the cluster they share
 (scripts/test.sh runs one `pytest --cluster-group NAME` per group), since most of their
 time is waiting on real parts (a node's grace period, a Lease running out, a broker).
-Each process starts its group's session fixtures once: the local cluster with
-containers, the local cluster of processes, the bare control plane, or only Kafka and
-Spark. Tests never share a cluster across processes.
+Each process starts its group's session fixtures once: the stand-in node agent (with
+podman containers, and its own tests' process pods), the local cluster on real nodes, the
+bare control plane, or only Kafka and Spark. Tests never share a cluster across processes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytest_plugins = [
 CLUSTER_GROUPS = (
     ("container_cluster", "containers"),
     ("local_cluster", "local-cluster"),
-    ("stand_in_cluster", "local-cluster"),
+    ("stand_in_cluster", "containers"),
     ("own_real_nodes", "local-cluster"),
     ("kube", "control-plane"),
 )

@@ -114,7 +114,10 @@ def pipeline_manifest(bootstrap: str, storage_class: str) -> dict[str, Any]:
 
 
 def show_api(cluster: RealCluster) -> None:
-    say("nodes:\n" + cluster.kubectl("get", "nodes", "-L", "topology.kubernetes.io/zone").stdout)
+    say(
+        "nodes:\n"
+        + cluster.kubectl("get", "nodes", "-o", "wide", "-L", "topology.kubernetes.io/zone").stdout
+    )
     bad = EXAMPLE.read_text().replace("partitions: 3", "partitions: 0")
     bad = bad.replace("name: events", "name: broken")
     refused = cluster.kubectl("apply", "-f", "-", input=bad, check=False)

@@ -6,8 +6,8 @@ host's network (a 127.x address of its own), and volumes for what it writes.
 - a worker container deduplicates a partition of the real broker: the output holds each
   valid id once in input order, the malformed record is dead-lettered, a SIGTERM stops it
   with exit 0 and its store on the volume belongs to the image's user;
-- a Spark executor from the image: tests/integration/test_spark_on_cluster.py runs the
-  audit's executors (and its driver) in containers from this image.
+- a Spark executor from the image: test_operator_reconciliation.py runs the audit's
+  driver and executors as containerd containers of this image on the real nodes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The stand-in node agent (local/dedup_local/cluster/, what the demo's podman cluster
-still runs on) on the real control plane: pods run as processes on node agents,
+"""The stand-in node agent (local/dedup_local/cluster/, what the `containers` group and
+most benches still run on) on the real control plane: pods run as processes on node agents,
 volumes from the pool attach through the real attach/detach controller, and node faults
 go through the real node lifecycle controller, pod GC and taint eviction."""
 
@@ -20,7 +20,7 @@ from dedup_local.kafka import KafkaBroker
 from support.cluster_fixtures import ClusterNamespace
 from support.operator_helpers import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("local-cluster")]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
 PROJECT_IMAGE = "dedup-operator:dev"
 

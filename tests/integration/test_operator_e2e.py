@@ -1,5 +1,6 @@
-"""The operator end to end on the local cluster: real nodes that run worker pods as
-processes with attachable volumes, the real Kafka broker, `dedup-operator` as a real
+"""The operator end to end on the local cluster: real nodes (kubelet, containerd) that run
+worker pods as containers of the project's image, with disks through real CSI, the real
+Kafka broker, `dedup-operator` as a real
 process, and an independent reader of the output (read_committed).
 
 - a 4-partition pipeline runs on >= 2 nodes and deduplicates live traffic exactly;
@@ -139,6 +140,16 @@ def test_node_loss_moves_the_partition_with_its_volume(
 ) -> None:
     topic = topics(kafka, new_topic, 2)
     lose_a_node_during_traffic(local_cluster, cluster_namespace.name, kafka, topic, tmp_path, None)
+    # Every worker that ran, the replacement included, ran in a container of the image
+    # (what test_containers_e2e.py checked on the podman stand-in, now retired).
+    pods = client.CoreV1Api(cluster_namespace.api_client).list_namespaced_pod(
+        cluster_namespace.name, label_selector=f"{names.LABEL_PIPELINE}=events"
+    )
+    statuses = [s for pod in pods.items for s in pod.status.container_statuses or []]
+    assert statuses and all(
+        (s.container_id or "").startswith("containerd://") and "dedup-operator:" in s.image
+        for s in statuses
+    ), [(s.container_id, s.image) for s in statuses]
 
 
 @pytest.mark.parametrize("step", ["fenced", "released", "started"])

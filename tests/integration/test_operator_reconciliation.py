@@ -508,6 +508,13 @@ def test_a_run_of_the_cron_job_audits_the_pipeline_with_executor_pods(
             owners = {owner for kind, owner in seen.owners if kind == "Pod"}
             assert owners and owners <= driver_pods, (executor, seen.owners, driver_pods)
             assert "Running" in seen.phases
+            # containers of containerd, from the image, that registered with the driver
+            # across nodes (their logs kept after Spark deleted them)
+            assert seen.container_ids and all(
+                c.startswith("containerd://") for c in seen.container_ids
+            ), seen
+            executor_log = local_cluster.pod_log(ns, executor)
+            assert "Successfully registered with driver" in executor_log, executor_log[-2000:]
 
         # A duplicate planted in the output: the next run fails, with the numbers.
         first = read_committed(kafka.bootstrap, f"{topic}-out")[0]

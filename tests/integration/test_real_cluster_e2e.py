@@ -4,10 +4,12 @@ a Kafka broker on the control plane's host address; `helm install` of the chart 
 locally built image (imported into each node's containerd, never pulled) runs the
 operator as pods of real nodes; a pipeline of 2 partitions goes Ready with workers on real
 nodes and claims of the default StorageClass provisioned by csi-provisioner and attached
-by the attach/detach controller; traffic with duplicates comes out exactly once. Then the
+by the attach/detach controller; `helm upgrade` with a changed value rolls the operator
+and leaves the workers undisturbed; traffic with duplicates comes out exactly once. Then the
 node of partition 0 is killed under traffic (shut down, as a cloud reports it): the
 replacement on another node mounts the same disk (its VolumeAttachment moved) and the
 output stays exact. Health: the operator's and workers' pods 0 restarts, no ERROR line.
+`helm uninstall` leaves the CRD, the pipeline, its claims and its running workers.
 
 A partitioned real node, beside another team's pod: with its pods cut off the API server
 too, the operator fences the old worker first, does not taint the node, force-deletes only
@@ -111,6 +113,16 @@ def attached_to(cluster: RealCluster, namespace: str, claim: str, node: str) -> 
     return list(found) == [node] and va is not None and (va.get("status") or {}).get("attached")
 
 
+def worker_state(api: client.ApiClient, ns: str) -> dict[str, tuple[str, str, int]]:
+    """Each live worker pod: (uid, containerID, restarts); unchanged means undisturbed."""
+    state = {}
+    for pod in live_pods(api, ns, WORKER_SELECTOR):
+        (status,) = pod.status.container_statuses or [None]
+        assert status is not None, pod.metadata.name
+        state[pod.metadata.name] = (pod.metadata.uid, status.container_id, status.restart_count)
+    return state
+
+
 def asked_only_what_the_chart_grants(cluster: RealCluster) -> list[rbac_check.Request]:
     """Every request of the operator's ServiceAccount in the API server's audit log is
     granted by `helm template` of the same values, and none was answered 403."""
@@ -199,6 +211,24 @@ def test_chart_on_real_nodes(
                       f"{cluster.pod_log(NAMESPACE, pod.metadata.name)[-3000:]}")  # fmt: skip
             raise
         timings["pipeline applied -> Ready (2 partitions)"] = time.monotonic() - t0
+
+        # An upgrade with a changed value rolls the operator, not the workers.
+        undisturbed = worker_state(api, ns)
+        old_ops = {p.metadata.name for p in ops}
+        assert all(p.status.container_statuses[0].restart_count == 0
+                   for p in live_pods(api, NAMESPACE, OPERATOR_SELECTOR))  # fmt: skip
+        t0 = time.monotonic()
+        helm_on(cluster, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--reuse-values", "--set", "operator.logLevel=DEBUG",
+                "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
+        cluster.kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{RELEASE}",
+                        "--timeout=240s", timeout=260)  # fmt: skip
+        installed = time.monotonic()  # the health checks below are the upgraded pods'
+        timings["helm upgrade --wait (operator rolled)"] = installed - t0
+        ops = live_pods(api, NAMESPACE, OPERATOR_SELECTOR)
+        assert len(ops) == 2 and not ({p.metadata.name for p in ops} & old_ops), (old_ops, ops)
+        assert worker_state(api, ns) == undisturbed
+        ready_pipeline(api, ns, PIPELINE, 2)
 
         # Workers on real nodes with disks through CSI: each claim of the default class
         # provisioned by the driver, attached by the attach/detach controller to its node.
@@ -289,6 +319,20 @@ def test_chart_on_real_nodes(
                                    "-o", "json").stdout  # fmt: skip
         reasons = Counter(e["reason"] for e in json.loads(warnings)["items"])
         print(f"Warning events by reason: {dict(reasons)}")
+
+        # Uninstalling the operator leaves the API, the pipeline, its volumes and workers.
+        workers_left = worker_state(api, ns).keys()
+        helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        wait_for(lambda: not live_pods(api, NAMESPACE, OPERATOR_SELECTOR), 120,
+                 "the operator pods to go")  # fmt: skip
+        crds = cluster.kubectl("get", "crd", "-o", "name").stdout
+        assert f"customresourcedefinition.apiextensions.k8s.io/{names.PLURAL}.{names.GROUP}" in crds
+        assert get_pipeline(api, ns, PIPELINE) is not None
+        claims = client.CoreV1Api(api).list_namespaced_persistent_volume_claim(ns).items
+        assert sorted(c.metadata.name for c in claims) == [
+            names.volume_claim(PIPELINE, p) for p in range(2)
+        ]
+        assert worker_state(api, ns).keys() == workers_left
     finally:
         if lost is not None:
             cluster.restart(lost)

@@ -21,6 +21,7 @@ nodes, which real node agents would disturb.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -84,11 +85,35 @@ def local_cluster() -> Iterator[RealCluster]:
     try:
         yield cluster
         errors = proxy.log_errors()  # before the stop: the log goes with the control plane
+        print_requests_timed_out(cluster)
     finally:
         cluster.stop()
     # the host's kube-proxy logged no error and left nothing behind (no KUBE-* chain)
     assert not errors, errors
     assert proxy.chains_after_stop == [], proxy.chains_after_stop
+
+
+TIMED_OUT_IN_FLIGHT = re.compile(r"Timed out (\w+) in flight \(after (\d+)ms")
+
+
+def print_requests_timed_out(cluster: RealCluster) -> None:
+    """Every Kafka request that a pod's librdkafka saw time out in flight, from the kept
+    pod logs of the whole session: evidence for the stall of transactional requests seen
+    on real nodes under CI load (docs/development.md, "Real nodes"), which the failover
+    tests' waits absorb."""
+    if cluster.logs is None:
+        return
+    found = []
+    for log in sorted(cluster.logs.into.glob("*/*/*.log")):
+        with contextlib.suppress(OSError):
+            for line in log.read_text(errors="replace").splitlines():
+                hit = TIMED_OUT_IN_FLIGHT.search(line)
+                if hit:
+                    pod = log.parent.parent.name.rsplit("_", 1)[0]
+                    found.append(f"{line.split(' ', 1)[0]} {pod}: {hit[1]} after {hit[2]} ms")
+    print(f"Kafka requests timed out in flight in pods this session: {len(found)}")
+    for entry in sorted(found):
+        print(f"  {entry}")
 
 
 @pytest.fixture
