@@ -25,7 +25,7 @@ import contextlib
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +82,7 @@ tolerates its taint."""
 
 
 @pytest.fixture(scope="session")
-def local_cluster() -> Iterator[RealCluster]:
+def local_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     ensure_image()
     cluster = RealCluster(nodes=4, timings=ClusterTimings.fast(), crds=CRD_FILES)
     cluster.start()
@@ -96,7 +96,8 @@ def local_cluster() -> Iterator[RealCluster]:
     try:
         yield cluster
         errors = proxy.log_errors()  # before the stop: the log goes with the control plane
-        print_requests_timed_out(cluster)
+        reporter = request.config.pluginmanager.getplugin("terminalreporter")
+        print_requests_timed_out(cluster, reporter.write_line if reporter else print)
     finally:
         cluster.stop()
     # the host's kube-proxy logged no error and left nothing behind (no KUBE-* chain)
@@ -107,7 +108,7 @@ def local_cluster() -> Iterator[RealCluster]:
 TIMED_OUT_IN_FLIGHT = re.compile(r"Timed out (\w+) in flight \(after (\d+)ms")
 
 
-def print_requests_timed_out(cluster: RealCluster) -> None:
+def print_requests_timed_out(cluster: RealCluster, say: Callable[[str], object]) -> None:
     """Every Kafka request that a pod's librdkafka saw time out in flight, from the kept
     pod logs of the whole session: evidence for the stall of transactional requests seen
     on real nodes under CI load (docs/development.md, "Real nodes"), which the failover
@@ -122,9 +123,9 @@ def print_requests_timed_out(cluster: RealCluster) -> None:
                 if hit:
                     pod = log.parent.parent.name.rsplit("_", 1)[0]
                     found.append(f"{line.split(' ', 1)[0]} {pod}: {hit[1]} after {hit[2]} ms")
-    print(f"Kafka requests timed out in flight in pods this session: {len(found)}")
+    say(f"Kafka requests timed out in flight in pods this session: {len(found)}")
     for entry in sorted(found):
-        print(f"  {entry}")
+        say(f"  {entry}")
 
 
 @pytest.fixture
