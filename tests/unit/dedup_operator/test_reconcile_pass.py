@@ -277,9 +277,8 @@ def test_a_new_pipeline_creates_its_internal_topic_then_decides_its_workers_on_i
     assert kube.writes[-1] == ("patch_status", dict(outcome.status), "11")
 
 
-def after_the_first_pass(kube: FakeKube, memory: PipelineMemory) -> None:
-    """A new pipeline's first pass, and the cluster as it left it: its status and
-    finalizer written, its claims and Leases made; the writes forgotten."""
+def test_the_next_pass_ensures_nothing_again_and_starts_the_workers(kafka: list[str]) -> None:
+    kube, memory = FakeKube(pipeline_body()), PipelineMemory()
     first = run(kube, memory)
     assert first.status is not None
     kube.body["status"] = dict(first.status)
@@ -289,11 +288,6 @@ def after_the_first_pass(kube: FakeKube, memory: PipelineMemory) -> None:
         names.lease(NAME, p): {"metadata": {"name": names.lease(NAME, p)}} for p in (0, 1)
     }
     kube.writes.clear()
-
-
-def test_the_next_pass_ensures_nothing_again_and_starts_the_workers(kafka: list[str]) -> None:
-    kube, memory = FakeKube(pipeline_body()), PipelineMemory()
-    after_the_first_pass(kube, memory)
     second = run(kube, memory)
     assert "EnsureObject" not in second.actions, "objects ensured every ensure_s only"
     assert [w[1] for w in kube.writes if w[0] == "create_pod"] == [
@@ -487,7 +481,14 @@ def test_a_pipeline_whose_group_an_older_one_holds_starts_no_worker_and_says_why
     )
     older["spec"]["kafka"]["outputTopic"] = "billing-out"
     kube.other_pipelines = [older]
-    after_the_first_pass(kube, memory)
+    first = run(kube, memory)
+    kube.body["status"] = dict(first.status or {})
+    kube.body["metadata"]["finalizers"] = [names.FINALIZER_OWNED_TOPIC]
+    kube.claims = {names.volume_claim(NAME, p): {"spec": {}} for p in (0, 1)}
+    kube.leases_ = {
+        names.lease(NAME, p): {"metadata": {"name": names.lease(NAME, p)}} for p in (0, 1)
+    }
+    kube.writes.clear()
     second = run(kube, memory)
     assert second.status is not None
     (ready,) = [c for c in second.status["conditions"] if c["type"] == "TopicReady"]
