@@ -89,7 +89,6 @@ class FakeKube:
         self.writes: list[tuple[Any, ...]] = []
         self.conflict_on: str | None = None  # a write (by name) that raises Conflict
         self.node_writes = 0  # no node taint written by this stand-in
-        self.other_pipelines: list[dict[str, Any]] = []  # beside `body`, in the watch
 
     def _write(self, what: str, *args: Any) -> None:
         if what == self.conflict_on:
@@ -99,9 +98,6 @@ class FakeKube:
     # reads
     def pipeline(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.body)
-
-    def pipelines(self, namespaces: Any) -> list[dict[str, Any]]:
-        return [copy.deepcopy(self.body), *copy.deepcopy(self.other_pipelines)]
 
     def volume_claims(self, namespace: str, pipeline: str) -> dict[str, Any]:
         return dict(self.claims)
@@ -464,45 +460,3 @@ def replace_uid(body: Mapping[str, Any], uid: str) -> dict[str, Any]:
     out = copy.deepcopy(dict(body))
     out["metadata"]["uid"] = uid
     return out
-
-
-def test_a_pipeline_whose_group_an_older_one_holds_starts_no_worker_and_says_why(
-    kafka: list[str],
-) -> None:
-    """Of two pipelines of the same name (so of the same default consumer group) on one
-    input topic and Kafka cluster, in two namespaces, the younger starts no worker: its
-    TopicReady is False with ConsumerGroupShared, told once as an ERROR line."""
-    kube, memory = (
-        FakeKube(pipeline_body(creationTimestamp="2026-11-26T10:00:00Z")),
-        PipelineMemory(),
-    )
-    older = pipeline_body(
-        namespace="billing", uid="uid-0", creationTimestamp="2026-11-25T09:00:00Z"
-    )
-    older["spec"]["kafka"]["outputTopic"] = "billing-out"
-    kube.other_pipelines = [older]
-    first = run(kube, memory)
-    kube.body["status"] = dict(first.status or {})
-    kube.body["metadata"]["finalizers"] = [names.FINALIZER_OWNED_TOPIC]
-    kube.claims = {names.volume_claim(NAME, p): {"spec": {}} for p in (0, 1)}
-    kube.leases_ = {
-        names.lease(NAME, p): {"metadata": {"name": names.lease(NAME, p)}} for p in (0, 1)
-    }
-    kube.writes.clear()
-    second = run(kube, memory)
-    assert second.status is not None
-    (ready,) = [c for c in second.status["conditions"] if c["type"] == "TopicReady"]
-    assert (ready["status"], ready["reason"]) == ("False", "ConsumerGroupShared"), ready
-    assert "billing/events" in ready["message"] and "kafka.consumerGroup" in ready["message"]
-    assert "create_pod" not in write_kinds(kube), "no worker starts"
-    assert second.status["phase"] == "Degraded"
-
-    # given a group of its own, it starts its workers
-    kube.body["spec"]["kafka"]["consumerGroup"] = "analytics-events"
-    kube.body["metadata"]["generation"] = 2
-    kube.writes.clear()
-    third = run(kube, memory)
-    assert third.status is not None
-    (ready,) = [c for c in third.status["conditions"] if c["type"] == "TopicReady"]
-    assert ready["status"] == "True", ready
-    assert "create_pod" in write_kinds(kube)
