@@ -16,6 +16,7 @@ pytest_plugins = [
     "support.kafka_fixtures",
     "support.kube_fixtures",
     "support.cluster_fixtures",
+    "support.neighbour_scenario",
     "support.spark_fixtures",
 ]
 
@@ -50,6 +51,17 @@ def declared_group(item: pytest.Item) -> str | None:
     return str(group)
 
 
+def run_order(item: pytest.Item) -> int:
+    """0: a test with real nodes of its own; 1: a background scenario's beginning; 2: the
+    rest (in collection order: the sort is stable); 3: a background scenario's end."""
+    if "own_real_nodes" in getattr(item, "fixturenames", ()):
+        return 0
+    marker = item.get_closest_marker("background_scenario")
+    if marker is None:
+        return 2
+    return 1 if marker.args == ("begins",) else 3
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cluster-group",
@@ -79,7 +91,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # that starts a real-node cluster of its own (`own_real_nodes`: the demo's Ctrl-C
     # test) runs first, before the session's `local_cluster` starts, or it would wait for
     # the session to end.
-    items.sort(key=lambda item: "own_real_nodes" not in getattr(item, "fixturenames", ()))
+    # A scenario in the background of the session (support/neighbour_scenario.py): the
+    # test that begins it right after those, the one that sees it through last.
+    items.sort(key=run_order)
     wanted = config.getoption("--cluster-group")
     if wanted is None:
         return

@@ -28,16 +28,14 @@ from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import log_problems, unhealthy
 from dedup_local.real_cluster import RealCluster
-from support.cluster_fixtures import ClusterNamespace
-from support.foreign_workload import foreign_pod
+from support.cluster_fixtures import RESERVED_NODE, ClusterNamespace
 from support.kafka_fixtures import NewTopic
+from support.neighbour_scenario import NEIGHBOUR, NeighbourScenario
 from support.operator_helpers import (
-    condition,
     events,
     get_pipeline,
     running_operator,
     wait_for,
-    wait_for_event,
 )
 from support.pipeline_traffic import (
     Traffic,
@@ -302,13 +300,25 @@ class TaintWatch:
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
+@pytest.mark.background_scenario("begins")
+def test_a_worker_and_another_teams_pod_share_the_node_that_is_lost(
+    neighbour_scenario: NeighbourScenario,
+) -> None:
+    """The group's 7-minute failover begins (support/neighbour_scenario.py): its worker
+    runs on the session's reserved node beside another team's pod, with exact output,
+    and the node is killed. It goes on beside the group's other tests; the group's last
+    test sees it through."""
+    scenario = neighbour_scenario
+    assert scenario.killed.wait(300), "the scenario did not reach the kill in 300 s"
+    if scenario.error is not None:
+        raise scenario.error
+    assert scenario.found.lost == RESERVED_NODE == scenario.found.before["node"]
+
+
 @pytest.mark.slow
+@pytest.mark.background_scenario("ends")
 def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_detach(
-    local_cluster: RealCluster,
-    cluster_namespace: ClusterNamespace,
-    kafka: KafkaBroker,
-    new_topic: NewTopic,
-    tmp_path: Path,
+    neighbour_scenario: NeighbourScenario,
 ) -> None:
     """The default `releaseVolume: OutOfServiceTaint` on a lost node that also runs
     another workload (a plain pod): the operator does not taint the node (the taint would
@@ -317,66 +327,32 @@ def test_lost_node_with_another_workload_is_not_tainted_the_partition_waits_for_
     force-detach: its maxWaitForUnmountDuration, 6 minutes hard-coded in
     kube-controller-manager (no flag; ClusterTimings has no setting for it). Then the
     partition moves, the output is exact, and the other pod was never evicted. This is
-    also the `WaitForDetach` path (the same action). Slow by nature: about 7 minutes."""
-    ns = cluster_namespace.name
-    api = local_cluster.api_client()
-    topic = topics(kafka, new_topic, 1)
-    body = pipeline_body("events", kafka.bootstrap, topic, 1, local_cluster.storage_class)
-    lost: str | None = None
-    with running_operator(local_cluster.kubeconfig_path, ns, tmp_path / "operator.log"):
-        create_pipeline(api, ns, body)
-        ready_pipeline(api, ns, "events", 1)
-        traffic = Traffic(kafka.bootstrap, topic, 1)
-        try:
-            before = partition_entry(api, ns, "events", 0)
-            lost = before["node"]
-            neighbour = foreign_pod(local_cluster.api_client(), ns, lost, "neighbour")
-            for _ in range(4):
-                traffic.batch()
-            assert_output_exact(kafka.bootstrap, topic, traffic)
-            killed_at = time.monotonic()
-            with TaintWatch(local_cluster, lost) as watch:
-                local_cluster.kill(lost)
-
-                def blocked() -> dict[str, Any] | None:
-                    c = condition(get_pipeline(api, ns, "events"), "FailingOver")
-                    return c if c and "not tainting" in c["message"] else None
-
-                failing = wait_for(blocked, 90, "the operator to say the taint is blocked")
-                print(f"FailingOver: {failing['message']}")
-                assert f"node {lost}" in failing["message"]
-                assert f"{ns}/{neighbour}" in failing["message"]
-                warned = wait_for_event(api, ns, "events", "Warning", "OutOfServiceTaintBlocked")
-                assert f"{ns}/{neighbour}" in warned[0] and lost in warned[0], warned
-
-                def moved() -> dict[str, Any] | None:
-                    e = partition_entry(api, ns, "events", 0)
-                    ok = e.get("node") not in (None, lost) and e.get("ready")
-                    return e if ok and not e.get("handover") else None
-
-                try:
-                    after = wait_for(moved, 600, "partition 0 to move after the force-detach", 2)
-                except AssertionError:
-                    dump_pipeline(local_cluster, ns)
-                    raise
-            took = time.monotonic() - killed_at
-            last = after.get("lastHandover") or {}
-            print(f"moved to {after['node']} after {took:.0f}s; steps {last.get('steps')}")
-            assert not watch.seen, f"{lost} was tainted out-of-service"
-            assert last["release"] == "TaintBlocked", last
-            assert after["epoch"] == before["epoch"] + 1
-            assert last["steps"]["detached"] > 300  # the controller's own 6 minutes
-            other = client.CoreV1Api(api).read_namespaced_pod(neighbour, ns)
-            assert other.metadata.deletion_timestamp is None, "the neighbour was evicted"
-            assert other.spec.node_name == lost
-            for _ in range(2):
-                traffic.batch()
-            traffic.close()
-            assert_output_exact(kafka.bootstrap, topic, traffic)
-        finally:
-            traffic.close()
-            if lost is not None:
-                local_cluster.restart(lost)
+    also the `WaitForDetach` path (the same action). Slow by nature (about 7 minutes):
+    it runs in the background of the group, begun by its first test."""
+    scenario = neighbour_scenario
+    assert scenario.done.wait(900), "the scenario did not end in 900 s"
+    if scenario.error is not None:
+        raise scenario.error
+    found = scenario.found
+    assert found.failing is not None
+    print(f"FailingOver: {found.failing['message']}")
+    assert f"node {found.lost}" in found.failing["message"]
+    assert f"{found.namespace}/{NEIGHBOUR}" in found.failing["message"]
+    assert any(
+        f"{found.namespace}/{NEIGHBOUR}" in m and str(found.lost) in m for m in found.warned
+    ), found.warned
+    after = found.after
+    assert after is not None and found.took_s is not None
+    last = after.get("lastHandover") or {}
+    print(f"moved to {after['node']} after {found.took_s:.0f}s; steps {last.get('steps')}")
+    assert not found.tainted, f"{found.lost} was tainted out-of-service"
+    assert last["release"] == "TaintBlocked", last
+    assert after["epoch"] == found.before["epoch"] + 1
+    assert last["steps"]["detached"] > 300  # the controller's own 6 minutes
+    other = found.neighbour
+    assert other.metadata.deletion_timestamp is None, "the neighbour was evicted"
+    assert other.spec.node_name == found.lost
+    assert found.exact
 
 
 def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainted(

@@ -47,6 +47,7 @@ from dedup_local.pod_health import log_problems, unhealthy
 from dedup_local.real_cluster import RealCluster
 from dedup_local.real_csi import DRIVER
 from support import rbac_check
+from support.cluster_fixtures import RESERVED_NODE
 from support.foreign_workload import foreign_pod
 from support.operator_helpers import (
     condition,
@@ -152,7 +153,9 @@ def test_chart_on_real_nodes(
     rows = {line.split()[0]: line.split() for line in wide.stdout.splitlines()[1:]}
     assert sorted(rows) == cluster.node_names
     for name, row in rows.items():
-        assert row[1] == "Ready" and row[4] == f"v{versions()['KUBERNETES_VERSION']}", row
+        # the reserved node may be down: the group's background scenario kills it
+        assert row[1] == "Ready" or name == RESERVED_NODE, row
+        assert row[4] == f"v{versions()['KUBERNETES_VERSION']}", row
         assert row[5] == cluster.node(name).node_ip and row[-2].startswith("containerd://"), row
     classes = json.loads(cluster.kubectl("get", "storageclass", "-o", "json").stdout)["items"]
     default = [

@@ -1,7 +1,8 @@
 """pytest fixtures for the local clusters.
 
-`local_cluster`: one `RealCluster` per session (issue 28): 3 real nodes (kubelet,
-containerd, runc, bridge CNI) in 3 zones, the host's kube-proxy, volumes through real
+`local_cluster`: one `RealCluster` per session (issue 28): 4 real nodes (kubelet,
+containerd, runc, bridge CNI) in 4 zones, the fourth (`RESERVED_NODE`) tainted for the
+background scenario of support/neighbour_scenario.py only, the host's kube-proxy, volumes through real
 CSI, fast control-plane timings, the repo's CRDs and the project's image imported into
 each node; started on first use. The session's `kafka` broker listens where its pods
 reach it (`broker_host`), when a test of the session uses this cluster.
@@ -73,11 +74,21 @@ def running_cluster(containers: bool = False) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
+RESERVED_NODE = "node-d"
+RESERVED_TAINT = {"key": "dedup.test/reserved", "value": "neighbour", "effect": "NoSchedule"}
+"""The session cluster's fourth node, kept for the group's 7-minute failover, which runs in
+the background of the session (support/neighbour_scenario.py): no other test's pod
+tolerates its taint."""
+
+
 @pytest.fixture(scope="session")
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     ensure_image()
-    cluster = RealCluster(nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES)
+    cluster = RealCluster(nodes=4, timings=ClusterTimings.fast(), crds=CRD_FILES)
     cluster.start()
+    taint = RESERVED_TAINT
+    cluster.kubectl("taint", "nodes", RESERVED_NODE,
+                    f"{taint['key']}={taint['value']}:{taint['effect']}")  # fmt: skip
     print("local cluster on real nodes, start (s):",
           {k: round(v, 1) for k, v in cluster.startup.items()})  # fmt: skip
     proxy = cluster.proxy
