@@ -253,8 +253,15 @@ def test_chart_on_real_nodes(
 
         traffic = Traffic(broker.bootstrap, topic, 2)
         with traffic.running():
-            wait_published(broker.bootstrap, topic, 0, 300)
-            wait_published(broker.bootstrap, topic, 1, 300)
+            try:
+                wait_published(broker.bootstrap, topic, 0, 300)
+                wait_published(broker.bootstrap, topic, 1, 300)
+            except AssertionError:
+                print(json.dumps((get_pipeline(api, ns, PIPELINE) or {}).get("status"), indent=1))
+                for pod in [*live_pods(api, ns, WORKER_SELECTOR), *ops]:
+                    print(f"--- {pod.metadata.name} on {pod.spec.node_name}:\n"
+                          f"{cluster.pod_log(pod.metadata.namespace, pod.metadata.name)[-6000:]}")  # fmt: skip
+                raise
             # Healthy, not only working: the operator pods ran past the ~55 s after which a
             # failing login ended the process; the workers too.
             time.sleep(max(0.0, installed + 75 - time.monotonic()))
