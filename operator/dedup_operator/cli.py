@@ -303,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ensure_s=args.ensure_interval,
         counters_s=args.status_counters_interval,
         resync_s=args.resync_interval,
+        namespaces=handlers.RUNTIME.namespaces,
     )
     shared_port = args.metrics_port and args.metrics_port == args.health_port
     if args.metrics_port and not shared_port:

@@ -26,7 +26,7 @@ from typing import Any
 from dedup_contract import names
 from dedup_contract.handover import HandoverReason
 from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
-from dedup_operator import audit_status, ownership_generation
+from dedup_operator import audit_status, ownership_generation, shared_kafka
 from dedup_operator.actions import TopicQuery
 from dedup_operator.desired import scheduled_audit
 from dedup_operator.failover import LeaseView, NodeView, PodView, ReleaseVolume
@@ -111,7 +111,18 @@ def observe_pipeline(
         owned_topic=missing,
         spark_operator=spark_operator,
         audit=_audit_seen(kube, spec, spark_operator),
+        shared=_shared(kube, body, settings),
     )
+
+
+def _shared(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) -> TopicCheck | None:
+    """What an older pipeline in the watched namespaces holds on the same Kafka cluster
+    that this one needs (from the pipelines' watch: no request per pass)."""
+    me = shared_kafka.claims_of(body)
+    if me is None:
+        return None
+    others = (shared_kafka.claims_of(o) for o in kube.pipelines(settings.namespaces))
+    return shared_kafka.shared_with_older(me, [o for o in others if o is not None])
 
 
 def _partition_leases(

@@ -100,6 +100,7 @@ from dedup_operator.observed import Obj, attachments_of
 from dedup_operator.ownership_generation import OwnershipState, SwitchPhase
 from dedup_operator.pass_outcome import Rest
 from dedup_operator.settings import ReconcileSettings
+from dedup_operator.shared_kafka import SHARED_REASONS
 from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
     Condition,
@@ -158,6 +159,16 @@ class PipelineObservation:
     owned_topic: MissingOwnedTopic | None = None  # to create before anything else
     spark_operator: bool = False  # the ScheduledSparkApplication CRD is installed
     audit: AuditSeen = field(default_factory=AuditSeen)
+    # an older pipeline on the same Kafka cluster holds what this one needs
+    # (dedup_operator.shared_kafka); None: nothing shared
+    shared: TopicCheck | None = None
+
+    @property
+    def topic_ready(self) -> TopicCheck:
+        """The TopicReady check the pass decides on: what is shared with an older
+        pipeline when anything is, else the topics' own check (`topic`, the one
+        remembered between passes)."""
+        return self.shared if self.shared is not None else self.topic
 
     @property
     def owner(self) -> Owner:
@@ -439,9 +450,12 @@ def _steps(
     steps = []
     for p, d in decisions.items():
         action: Action | None = d.action
-        if isinstance(action, CreatePod) and not _startable(obs.topic, p):
-            what = "internal topic" if obs.topic.reason.startswith("Owned") else "input topic"
-            parts[p] = replace(parts[p], waiting_for=f"{what} ({obs.topic.reason})")
+        topic = obs.topic_ready
+        if isinstance(action, CreatePod) and not _startable(topic, p):
+            what = "internal topic" if topic.reason.startswith("Owned") else "input topic"
+            if topic.reason in SHARED_REASONS:
+                what = "Kafka resources of its own"
+            parts[p] = replace(parts[p], waiting_for=f"{what} ({topic.reason})")
             action = None
         told = events.partition_events(p, d, obs.previous_partition(p))
         steps.append(PartitionStep(p, d, action, told))
@@ -624,15 +638,16 @@ def pipeline_status(
     the summary conditions and phase, and the audit's last result."""
     entries = _status_entries(obs, plan, counters)
     degraded = [d.degraded for d in plan.decisions().values() if d.degraded]
-    if not obs.topic.ok and obs.topic.reason != "KafkaUnreachable":
-        degraded.append(obs.topic.message)
+    topic = obs.topic_ready
+    if not topic.ok and topic.reason != "KafkaUnreachable":
+        degraded.append(topic.message)
     spec_current = all(
         v.spec_hash == desired_partition.template_hash(obs.spec, p)
         for p in range(obs.spec.partitions)
         for v in obs.pods.get(p, ())
         if not v.deleting
     )
-    topic_condition = Condition("TopicReady", obs.topic.ok, obs.topic.reason, obs.topic.message)
+    topic_condition = Condition("TopicReady", topic.ok, topic.reason, topic.message)
     conditions = summary_conditions(
         entries, obs.spec.partitions, topic_condition, degraded, spec_current
     )
@@ -938,7 +953,7 @@ def _topic_told(obs: PipelineObservation) -> tuple[PassAction, ...]:
     """TopicReady failing, when it starts or its reason changes: no promise can be kept
     until it is fixed, an ERROR line. Once per reason: the status records it, and so
     does the memory (a pass abandoned on a Conflict does not write the status)."""
-    topic, told = obs.topic, obs.recalled.topic_told
+    topic, told = obs.topic_ready, obs.recalled.topic_told
     if topic.ok:
         return () if told is None else (RememberTopicTold(None),)
     conditions = obs.previous.get("conditions") or []

@@ -13,6 +13,7 @@ class ReconcileSettings:
     scrape_timeout_s: float = 1.0
     counters_s: float = 60.0  # the workers' counters in the status: scraped this rarely
     resync_s: float = 30.0  # a pipeline at rest is passed over this rarely, or on a change
+    namespaces: tuple[str, ...] = ()  # the watched namespaces (empty: all)
 
     def rest_s(self) -> float:
         """Seconds between passes over a pipeline at rest: the resync, or sooner when the

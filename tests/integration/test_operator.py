@@ -4,6 +4,7 @@ it reports, what it checks in Kafka, and what deletion leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import threading
@@ -261,6 +262,77 @@ def test_topic_problems_are_conditions_and_events(
         errors = [line for line in op.log().splitlines() if error_line(line)]
         for reason in ("PartitionCountMismatch", "TopicMissing"):
             assert sum(reason in line for line in errors) == 1, errors
+
+
+def test_the_younger_of_two_pipelines_sharing_a_consumer_group_starts_no_worker(
+    dedup_crd: KubeCluster,
+    kube_namespace: KubeNamespace,
+    kafka: KafkaBroker,
+    new_topic: NewTopic,
+    tmp_path: Path,
+) -> None:
+    """Two pipelines named `events` in two namespaces, one input topic, one Kafka cluster:
+    the default consumer group `dedup-events` names no namespace, so they would move each
+    other's committed position. The operator (watching both namespaces) lets the older
+    one run; the younger's TopicReady is False (ConsumerGroupShared, naming the older),
+    it is Degraded, no worker of it starts, and the operator says so in one ERROR line.
+    Given a consumer group of its own, it starts its workers."""
+    ns = kube_namespace
+    core = client.CoreV1Api(ns.api_client)
+    other = f"{ns.name[:55]}-b"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
+    younger_ns = KubeNamespace(name=other, cluster=ns.cluster)
+    topic = new_topic(partitions=2)
+    kafka.create_topic(f"{topic}-out", 2)
+    kafka.create_topic(f"{topic}-out-b", 2)
+    custom = client.CustomObjectsApi(ns.api_client)
+    try:
+        extra = ("--namespace", other)
+        with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "op.log", extra=extra) as op:
+            create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
+            wait_for(lambda: len(listed(ns, "pod", "events")) == 2, 60, "the older's workers")
+            younger = pipeline_body("events", kafka.bootstrap, topic, 2)
+            younger["spec"]["kafka"]["outputTopic"] = f"{topic}-out-b"
+            create(younger_ns, younger)
+
+            def refused() -> dict[str, Any] | None:
+                c = condition(get_pipeline(ns.api_client, other, "events"), "TopicReady")
+                return c if c and c["status"] == "False" else None
+
+            found = wait_for(refused, 60, "the younger's TopicReady")
+            assert found["reason"] == "ConsumerGroupShared", found
+            assert f"pipeline {ns.name}/events" in found["message"], found
+            assert "consumer group dedup-events" in found["message"], found
+            body = get_pipeline(ns.api_client, other, "events")
+            assert body is not None and body["status"]["phase"] == "Degraded", body
+            time.sleep(3)  # passes at a 1 s interval: none starts a worker
+            assert listed(younger_ns, "pod", "events") == []
+            older = condition(get_pipeline(ns.api_client, ns.name, "events"), "TopicReady")
+            assert older is not None and older["status"] == "True", older
+            assert ("Warning", "ConsumerGroupShared") in {
+                e[:2] for e in events(ns.api_client, other, "events")
+            }
+            errors = [line for line in op.log().splitlines() if error_line(line)]
+            assert sum("ConsumerGroupShared" in line for line in errors) == 1, errors
+
+            custom.patch_namespaced_custom_object(
+                names.GROUP, names.VERSION, other, names.PLURAL, "events",
+                {"spec": {"kafka": {"consumerGroup": f"dedup-{other}-events"}}},
+            )  # fmt: skip
+            wait_for(
+                lambda: len(listed(younger_ns, "pod", "events")) == 2,
+                60,
+                "the younger's workers, with a group of its own",
+            )
+            ready = condition(get_pipeline(ns.api_client, other, "events"), "TopicReady")
+            assert ready is not None and ready["status"] == "True", ready
+    finally:
+        with contextlib.suppress(ApiException):
+            custom.patch_namespaced_custom_object(
+                names.GROUP, names.VERSION, other, names.PLURAL, "events",
+                {"metadata": {"finalizers": []}},
+            )  # fmt: skip
+        core.delete_namespace(other)
 
 
 def describe(kafka: KafkaBroker, topic: str) -> tuple[int, int, dict[str, str]]:

@@ -89,6 +89,7 @@ class FakeKube:
         self.writes: list[tuple[Any, ...]] = []
         self.conflict_on: str | None = None  # a write (by name) that raises Conflict
         self.node_writes = 0  # no node taint written by this stand-in
+        self.other_pipelines: list[dict[str, Any]] = []  # beside `body`, in the watch
 
     def _write(self, what: str, *args: Any) -> None:
         if what == self.conflict_on:
@@ -98,6 +99,9 @@ class FakeKube:
     # reads
     def pipeline(self, namespace: str, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.body)
+
+    def pipelines(self, namespaces: Any) -> list[dict[str, Any]]:
+        return [copy.deepcopy(self.body), *copy.deepcopy(self.other_pipelines)]
 
     def volume_claims(self, namespace: str, pipeline: str) -> dict[str, Any]:
         return dict(self.claims)
@@ -273,8 +277,9 @@ def test_a_new_pipeline_creates_its_internal_topic_then_decides_its_workers_on_i
     assert kube.writes[-1] == ("patch_status", dict(outcome.status), "11")
 
 
-def test_the_next_pass_ensures_nothing_again_and_starts_the_workers(kafka: list[str]) -> None:
-    kube, memory = FakeKube(pipeline_body()), PipelineMemory()
+def after_the_first_pass(kube: FakeKube, memory: PipelineMemory) -> None:
+    """A new pipeline's first pass, and the cluster as it left it: its status and
+    finalizer written, its claims and Leases made; the writes forgotten."""
     first = run(kube, memory)
     assert first.status is not None
     kube.body["status"] = dict(first.status)
@@ -284,6 +289,11 @@ def test_the_next_pass_ensures_nothing_again_and_starts_the_workers(kafka: list[
         names.lease(NAME, p): {"metadata": {"name": names.lease(NAME, p)}} for p in (0, 1)
     }
     kube.writes.clear()
+
+
+def test_the_next_pass_ensures_nothing_again_and_starts_the_workers(kafka: list[str]) -> None:
+    kube, memory = FakeKube(pipeline_body()), PipelineMemory()
+    after_the_first_pass(kube, memory)
     second = run(kube, memory)
     assert "EnsureObject" not in second.actions, "objects ensured every ensure_s only"
     assert [w[1] for w in kube.writes if w[0] == "create_pod"] == [
@@ -460,3 +470,38 @@ def replace_uid(body: Mapping[str, Any], uid: str) -> dict[str, Any]:
     out = copy.deepcopy(dict(body))
     out["metadata"]["uid"] = uid
     return out
+
+
+def test_a_pipeline_whose_group_an_older_one_holds_starts_no_worker_and_says_why(
+    kafka: list[str],
+) -> None:
+    """Of two pipelines of the same name (so of the same default consumer group) on one
+    input topic and Kafka cluster, in two namespaces, the younger starts no worker: its
+    TopicReady is False with ConsumerGroupShared, told once as an ERROR line."""
+    kube, memory = (
+        FakeKube(pipeline_body(creationTimestamp="2026-11-26T10:00:00Z")),
+        PipelineMemory(),
+    )
+    older = pipeline_body(
+        namespace="billing", uid="uid-0", creationTimestamp="2026-11-25T09:00:00Z"
+    )
+    older["spec"]["kafka"]["outputTopic"] = "billing-out"
+    kube.other_pipelines = [older]
+    after_the_first_pass(kube, memory)
+    second = run(kube, memory)
+    assert second.status is not None
+    (ready,) = [c for c in second.status["conditions"] if c["type"] == "TopicReady"]
+    assert (ready["status"], ready["reason"]) == ("False", "ConsumerGroupShared"), ready
+    assert "billing/events" in ready["message"] and "kafka.consumerGroup" in ready["message"]
+    assert "create_pod" not in write_kinds(kube), "no worker starts"
+    assert second.status["phase"] == "Degraded"
+
+    # given a group of its own, it starts its workers
+    kube.body["spec"]["kafka"]["consumerGroup"] = "analytics-events"
+    kube.body["metadata"]["generation"] = 2
+    kube.writes.clear()
+    third = run(kube, memory)
+    assert third.status is not None
+    (ready,) = [c for c in third.status["conditions"] if c["type"] == "TopicReady"]
+    assert ready["status"] == "True", ready
+    assert "create_pod" in write_kinds(kube)

@@ -1,0 +1,109 @@
+"""What a pipeline must not share with another pipeline on the same Kafka cluster (pure).
+
+Each id is published once only while a pipeline's workers are alone with their consumer
+group's position on their input topic: committed offsets are kept per group, topic and
+partition, so two pipelines of one group on one input topic move each other's position
+and each skips what the other read. The default group, `dedup-<pipeline>`, does not name
+the namespace: two pipelines of the same name in two namespaces share it.
+
+Of two pipelines that would share it, the one created first keeps it: the other's
+TopicReady is False (`ConsumerGroupShared`, naming the older), and no worker of it
+starts (workers already running are not stopped, as for a missing topic).
+
+Not checked yet (docs/operations.md says so): an output or internal topic shared by two
+pipelines, which breaks the promise as surely (a store is caught up and rebuilt from its
+output's owner partition, so another pipeline's records there would be taken for ids
+this one published). Kafka clusters are told apart by
+`kafka.bootstrapServers` as written (the set of host:port, case and order aside); two
+lists naming the same cluster by different brokers are not recognised, nor is a consumer
+outside the operator's watch (another operator's namespaces, a program of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dedup_contract import names
+from dedup_operator.topics import TopicCheck
+
+# TopicReady's reasons for what an older pipeline holds
+SHARED_REASONS: Final = frozenset({"ConsumerGroupShared"})
+
+
+@dataclass(frozen=True, order=True)
+class KafkaClaims:
+    """What one pipeline holds on its Kafka cluster; ordered by age (the creation time,
+    then namespace and name: RFC 3339 times in UTC sort as times)."""
+
+    created: str
+    namespace: str
+    name: str
+    cluster: frozenset[str]
+    group: str
+    input_topic: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def cluster_of(bootstrap_servers: str) -> frozenset[str]:
+    """A Kafka cluster as `kafka.bootstrapServers` names it: its host:port entries,
+    lowercased, in any order."""
+    return frozenset(s.strip().lower() for s in bootstrap_servers.split(",") if s.strip())
+
+
+def claims_of(body: Mapping[str, Any]) -> KafkaClaims | None:
+    """A DedupPipeline's claims from its body as the API serves it, with the same
+    defaults as its spec; None for one being deleted or without a readable kafka
+    section (the API server's schema requires one; it would fail its own pass)."""
+    meta = body.get("metadata") or {}
+    kafka = (body.get("spec") or {}).get("kafka")
+    if meta.get("deletionTimestamp") or not isinstance(kafka, Mapping):
+        return None
+    name, namespace = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+    try:
+        return KafkaClaims(
+            created=str(meta.get("creationTimestamp") or ""),
+            namespace=namespace,
+            name=name,
+            cluster=cluster_of(str(kafka["bootstrapServers"])),
+            group=str(kafka.get("consumerGroup") or names.default_consumer_group(name)),
+            input_topic=str(kafka["inputTopic"]),
+        )
+    except KeyError:
+        return None
+
+
+def shared_with_older(me: KafkaClaims, others: Iterable[KafkaClaims]) -> TopicCheck | None:
+    """The failing TopicReady check when a pipeline created before `me` on the same Kafka
+    cluster holds what `me` needs (the oldest such pipeline is named); None when none
+    does."""
+    for other in sorted(others):
+        if other >= me or (other.namespace, other.name) == (me.namespace, me.name):
+            continue
+        if not other.cluster & me.cluster:
+            continue
+        found = _what_is_shared(me, other)
+        if found is not None:
+            reason, what = found
+            return TopicCheck(
+                False,
+                reason,
+                f"{what} is already used by pipeline {other.ref} (created {other.created}) "
+                f"on the same Kafka cluster: each id would not be published once; "
+                f"give this pipeline its own (no worker starts until then)",
+                blocks=True,
+            )
+    return None
+
+
+def _what_is_shared(me: KafkaClaims, other: KafkaClaims) -> tuple[str, str] | None:
+    if me.group == other.group and me.input_topic == other.input_topic:
+        return (
+            "ConsumerGroupShared",
+            f"consumer group {me.group} on input topic {me.input_topic} (set kafka.consumerGroup)",
+        )
+    return None
