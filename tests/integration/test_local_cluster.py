@@ -44,6 +44,17 @@ def phase_of(cluster: LocalCluster, ns: str, name: str, phase: str) -> dict[str,
     return p if p and p.get("status", {}).get("phase") == phase else None
 
 
+def wait_phase(cluster: LocalCluster, ns: str, name: str, phase: str, timeout: float) -> None:
+    """Wait for pod `name` to reach `phase`; on timeout, print what the namespace holds
+    (pods, claims, attachments, events) before failing."""
+    try:
+        wait_for(lambda: phase_of(cluster, ns, name, phase), timeout, f"{name} {phase}")
+    except AssertionError:
+        print(cluster.kubectl("get", "pods,pvc,events", "-n", ns, "-o", "wide").stdout)
+        print(cluster.kubectl("get", "volumeattachments", "-o", "wide").stdout)
+        raise
+
+
 def node_condition(core: client.CoreV1Api, node: str) -> str:
     conds = core.read_node(node).status.conditions or []
     return next(c.status for c in conds if c.type == "Ready")
@@ -160,7 +171,9 @@ def test_pvc_attached_by_the_attach_detach_controller_keeps_data_for_the_next_po
 ) -> None:
     ns = stand_in_namespace.name
     apply(stand_in_cluster, ns, pvc_and_pod("writer", "data", "echo hello > /var/lib/dedup/f"))
-    wait_for(lambda: phase_of(stand_in_cluster, ns, "writer", "Succeeded"), 60, "writer Succeeded")
+    # Up to 180 s: provisioning, attaching and a container under the load of four test
+    # groups side by side (60 s ran out once in CI, 2026-11-26).
+    wait_phase(stand_in_cluster, ns, "writer", "Succeeded", 180)
     storage = client.StorageV1Api(stand_in_namespace.api_client)
     core = client.CoreV1Api(stand_in_namespace.api_client)
     pv_name = core.read_namespaced_persistent_volume_claim("data", ns).spec.volume_name
@@ -179,7 +192,7 @@ def test_pvc_attached_by_the_attach_detach_controller_keeps_data_for_the_next_po
                "{nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: NotIn, "
                f"values: [{writer_node}]}}]}}]}}}}}}"),
     ))  # fmt: skip
-    wait_for(lambda: phase_of(stand_in_cluster, ns, "reader", "Succeeded"), 90, "reader Succeeded")
+    wait_phase(stand_in_cluster, ns, "reader", "Succeeded", 180)
     assert stand_in_cluster.pod_log(ns, "reader").strip() == "hello"
     assert not (Path("/var/lib/dedup") / "f").exists()  # the host's path was never touched
 
