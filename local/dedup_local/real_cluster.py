@@ -120,6 +120,14 @@ class RealCluster(Started):
                     out += [_cri_log(run.read_text(errors="replace")) for run in runs]
         return "".join(out)
 
+    def namespace_pod_logs(self, namespace: str) -> dict[str, str]:
+        """Every kept pod log of a namespace, deleted pods' included, by pod name."""
+        if self.logs is None:
+            return {}
+        self.logs.scan()
+        pods = {d.name.split("_")[1] for d in self.logs.into.glob(f"{namespace}_*_*")}
+        return {pod: self.pod_log(namespace, pod) for pod in sorted(pods)}
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RealCluster:
         from .image import built_ref

@@ -96,13 +96,38 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     try:
         yield cluster
         errors = proxy.log_errors()  # before the stop: the log goes with the control plane
-        reporter = request.config.pluginmanager.getplugin("terminalreporter")
-        print_requests_timed_out(cluster, reporter.write_line if reporter else print)
+        # The session's teardown runs inside the last test's teardown, whose output pytest
+        # captures and drops when it passes: printed with capture off, so CI shows it.
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print_requests_timed_out(cluster, print)
     finally:
         cluster.stop()
     # the host's kube-proxy logged no error and left nothing behind (no KUBE-* chain)
     assert not errors, errors
     assert proxy.chains_after_stop == [], proxy.chains_after_stop
+
+
+LOG_TAIL_CHARS = 6000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test on the real nodes gets a "pod logs" section in its report: the end of
+    every pod's log of its namespace, deleted pods' included (a killed worker's too),
+    read before the namespace goes. The session's cluster keeps them only while it runs,
+    and a CI page holds nothing else of them."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    namespace = getattr(item, "funcargs", {}).get("cluster_namespace")
+    if report.when != "call" or not report.failed or namespace is None:
+        return
+    if not isinstance(namespace.cluster, RealCluster):
+        return
+    with contextlib.suppress(Exception):  # evidence only: never hide the failure
+        for pod, text in namespace.cluster.namespace_pod_logs(namespace.name).items():
+            report.sections.append((f"pod log {pod} (last {LOG_TAIL_CHARS} chars)",
+                                    text[-LOG_TAIL_CHARS:]))  # fmt: skip
 
 
 TIMED_OUT_IN_FLIGHT = re.compile(r"Timed out (\w+) in flight \(after (\d+)ms")
