@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,11 +132,19 @@ def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: f
     sent_on = {i: p for p, ids in traffic.unique.items() for i in ids}
     partitions = range(traffic.partitions)
 
+    owners = Counter(owner_reference(i.encode(), traffic.partitions) for i in sent_on)
+    held: dict[int, int] = {}
+
     def caught_up() -> dict[int, list[str]] | None:
         got = {q: output_ids(bootstrap, f"{topic}-out", q) for q in partitions}
+        held.update({q: len(ids) for q, ids in got.items()})
         return got if sum(map(len, got.values())) >= len(sent_on) else None
 
-    got = wait_for(caught_up, timeout, "the output to catch up", every=2)
+    try:
+        got = wait_for(caught_up, timeout, "the output to catch up", every=2)
+    except AssertionError as exc:  # which partition lags: ids held / ids its owner must publish
+        lag = {q: f"{held.get(q, 0)}/{owners[q]}" for q in partitions}
+        raise AssertionError(f"{exc}; output partitions, held/expected: {lag}") from None
     published = [i for ids in got.values() for i in ids]
     twice = len(published) - len(set(published))
     missing, unexpected = set(sent_on) - set(published), set(published) - set(sent_on)
