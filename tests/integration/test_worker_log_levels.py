@@ -151,13 +151,14 @@ def test_all_brokers_down_for_over_30_s_is_an_error_then_the_worker_recovers(
         time.sleep(2)  # a statistics report (1 s) with the broker up
 
         # A short restart afterwards counts afresh: back under 30 s, WARNINGs only.
+        # The outage lasts 5 s on the test's clock, not until a line shows: a client's
+        # lines reach the log only when the worker polls that client (the producer: only
+        # while a batch commits), and in CI the consumer logged nothing for 50 s of this
+        # outage (2026-11-26) while the producer's lines came at the next commit. The
+        # batch of "c" below commits, so the restart's lines are served by then.
         before = len(log_records(log))
         broker.stop()
-        # up to 45 s: librdkafka logs an error identical to one of the last 30 s only
-        # once those 30 s are over (the first outage's lines may be that recent under
-        # CI load, where the broker's JVM takes long to come back; CI, 2026-11-26)
-        wait_for_record(log, lambda r: bool(connection_failures([r])), 45, since=before)
-        time.sleep(1)
+        time.sleep(5)
         broker.start()
         back = time.time()
         feed(cfg, sent, ids("c", 300), log)
