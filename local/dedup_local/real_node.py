@@ -414,6 +414,14 @@ class RealNode(Started):
         return f"dedupbr{self._subnet}"
 
     @property
+    def bridge_mac(self) -> str:
+        """The bridge's fixed MAC address (`_make_bridge`): locally administered and
+        unicast (02:...), "dedup" in its bytes, then the subnet's number."""
+        if not self._subnet:
+            raise RuntimeError(f"node {self.name} not started")
+        return f"02:64:65:64:75:{self._subnet:02x}"
+
+    @property
     def kubelet_port(self) -> int:
         return self._kubelet_port
 
@@ -648,7 +656,16 @@ class RealNode(Started):
     # ------------------------------------------------------------------ set-up
     def _make_bridge(self) -> None:
         """The node's bridge with its gateway address, on a subnet nothing else uses (a
-        machine-wide lock keeps concurrent nodes apart: the address is the claim)."""
+        machine-wide lock keeps concurrent nodes apart: the address is the claim).
+
+        Its MAC address is set, not left to the kernel: a bridge whose address was never
+        set takes the lowest MAC of its ports, so it changes whenever a pod's veth comes
+        or goes, and every other pod of the node keeps sending to the gateway's old MAC
+        (its ARP entry) into nothing until that entry expires. Pods lost the broker for a
+        minute or more whenever another pod of their node started or stopped (CI,
+        2026-11-26: requests timed out in flight, connections not set up in 30 s).
+        Docker fixes docker0's address the same way; the CNI bridge plugin does for the
+        bridges it makes itself."""
         ip = str(self._tools["ip"])
         with _machine_lock("subnets"):
             used = _used_subnets(self._tools["ip"])
@@ -661,6 +678,7 @@ class RealNode(Started):
                 raise RealNodeError(f"no free /24 left in {SUBNETS} for a node bridge")
             self._subnet = free[0]
             _run([ip, "link", "add", "name", self.bridge, "type", "bridge"])
+            _run([ip, "link", "set", self.bridge, "address", self.bridge_mac])
             _run([ip, "addr", "add", f"{self.node_ip}/24", "dev", self.bridge])
             _run([ip, "link", "set", self.bridge, "up"])
         (self.data_dir / "bridge").write_text(self.bridge + "\n")

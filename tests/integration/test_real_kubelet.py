@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,6 +144,11 @@ def test_real_kubelets_run_the_project_image(real_cluster: RealCluster) -> None:
     node = cluster.node(pod["spec"]["nodeName"])
     assert pod["status"]["podIP"] in [str(a) for a in node.network.hosts()]
     assert pod["status"]["hostIP"] == node.node_ip
+    # The bridge kept the MAC it was given with a pod's veth on it, and the kernel keeps
+    # it whatever ports come and go (addr_assign_type 3: set, not taken from a port).
+    bridge = Path("/sys/class/net") / node.bridge
+    assert (bridge / "address").read_text().strip() == node.bridge_mac
+    assert (bridge / "addr_assign_type").read_text().strip() == "3"
     deadline = time.monotonic() + 30
     while f"hostname={POD}" not in (logs := cp.kubectl("logs", POD, check=False).stdout):
         assert time.monotonic() < deadline, f"kubectl logs: {logs!r}"

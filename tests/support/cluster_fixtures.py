@@ -135,9 +135,8 @@ TIMED_OUT_IN_FLIGHT = re.compile(r"Timed out (\w+) in flight \(after (\d+)ms")
 
 def print_requests_timed_out(cluster: RealCluster, say: Callable[[str], object]) -> None:
     """Every Kafka request that a pod's librdkafka saw time out in flight, from the kept
-    pod logs of the whole session: evidence for the stall of transactional requests seen
-    on real nodes under CI load (docs/development.md, "Real nodes"), which the failover
-    tests' waits absorb."""
+    pod logs of the whole session: the trace the bridge's changing MAC left before it was
+    fixed (docs/development.md, "A stall, understood"), printed so that a return shows."""
     if cluster.logs is None:
         return
     found = []

@@ -126,9 +126,8 @@ def assert_output_exact(bootstrap: str, topic: str, traffic: Traffic, timeout: f
     """Every id the traffic sent is published once across the whole output, on its
     owner's partition (the pure-Python reference hash, not the workers' C one), and the
     ids of one input partition keep their order on each output partition. `timeout`:
-    on real nodes under CI's load a replacement worker's transactional request has been
-    seen to hang until its 60 s timeout before the batch was redone (cause not yet
-    known: the closing note of 2026-11-26); exactness is what this checks, not speed."""
+    generous, since exactness is what this checks, not speed (a redone batch waits out
+    librdkafka's 60 s request timeout; docs/development.md, "A stall, understood")."""
     sent_on = {i: p for p, ids in traffic.unique.items() for i in ids}
     partitions = range(traffic.partitions)
 
@@ -195,9 +194,8 @@ def partition_entry(api: client.ApiClient, ns: str, name: str, p: int) -> dict[s
 
 def wait_published(bootstrap: str, topic: str, partition: int, at_least: int) -> int:
     """Wait until output partition `partition` of `topic` holds `at_least` ids (read
-    committed); how many it holds then. Up to 180 s: on real nodes under CI load a
-    worker's transactional request has hung until its 60 s timeout before the batch was
-    redone (CI 2026-11-26, cause not yet known: docs/development.md, "Real nodes")."""
+    committed); how many it holds then. Up to 180 s: room for one batch redone after
+    librdkafka's 60 s request timeout (docs/development.md, "A stall, understood")."""
     count: int = wait_for(
         lambda: (n := len(output_ids(bootstrap, f"{topic}-out", partition))) >= at_least and n,
         180,
