@@ -47,7 +47,7 @@ from dedup_local.pod_health import log_problems, unhealthy
 from dedup_local.real_cluster import RealCluster
 from dedup_local.real_csi import DRIVER
 from support import rbac_check
-from support.cluster_fixtures import RESERVED_NODE
+from support.cluster_fixtures import RESERVED_NODE, pod_log_tails
 from support.foreign_workload import foreign_pod
 from support.operator_helpers import (
     condition,
@@ -89,6 +89,15 @@ def real_cluster(local_cluster: RealCluster) -> RealCluster:
 def helm_on(cluster: RealCluster, *args: str, timeout: float = 120) -> str:
     result = helm(*args, "--kubeconfig", str(cluster.kubeconfig_path), timeout=timeout)
     return result.stdout
+
+
+def print_pod_logs(cluster: RealCluster, *namespaces: str) -> None:
+    """The end of every pod log of `namespaces`, deleted pods' included: the chart test's
+    namespaces are its own, not a `cluster_namespace`, whose failed test's report holds
+    them by itself."""
+    for namespace in namespaces:
+        for title, tail in pod_log_tails(cluster, namespace):
+            print(f"--- {title}:\n{tail}")
 
 
 def live_pods(api: client.ApiClient, namespace: str, selector: str) -> list[Any]:
@@ -207,11 +216,7 @@ def test_chart_on_real_nodes(
             ready_pipeline(api, ns, PIPELINE, 2)
         except AssertionError:
             print(cluster.kubectl("get", "pods,pvc,events", "-n", ns, "-o", "wide").stdout)
-            for pod in client.CoreV1Api(api).list_namespaced_pod(ns).items:
-                print(f"--- {pod.metadata.name}:\n{cluster.pod_log(ns, pod.metadata.name)[-3000:]}")
-            for pod in ops:
-                print(f"--- {pod.metadata.name}:\n"
-                      f"{cluster.pod_log(NAMESPACE, pod.metadata.name)[-3000:]}")  # fmt: skip
+            print_pod_logs(cluster, ns, NAMESPACE)
             raise
         timings["pipeline applied -> Ready (2 partitions)"] = time.monotonic() - t0
 
@@ -258,9 +263,7 @@ def test_chart_on_real_nodes(
                 wait_published(broker.bootstrap, topic, 1, 300)
             except AssertionError:
                 print(json.dumps((get_pipeline(api, ns, PIPELINE) or {}).get("status"), indent=1))
-                for pod in [*live_pods(api, ns, WORKER_SELECTOR), *ops]:
-                    print(f"--- {pod.metadata.name} on {pod.spec.node_name}:\n"
-                          f"{cluster.pod_log(pod.metadata.namespace, pod.metadata.name)[-6000:]}")  # fmt: skip
+                print_pod_logs(cluster, ns, NAMESPACE)
                 raise
             # Healthy, not only working: the operator pods ran past the ~55 s after which a
             # failing login ended the process; the workers too.

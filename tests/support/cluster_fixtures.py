@@ -125,9 +125,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not isinstance(namespace.cluster, RealCluster):
         return
     with contextlib.suppress(Exception):  # evidence only: never hide the failure
-        for pod, text in namespace.cluster.namespace_pod_logs(namespace.name).items():
-            report.sections.append((f"pod log {pod} (last {LOG_TAIL_CHARS} chars)",
-                                    text[-LOG_TAIL_CHARS:]))  # fmt: skip
+        report.sections += pod_log_tails(namespace.cluster, namespace.name)
+
+
+def pod_log_tails(cluster: RealCluster, namespace: str) -> list[tuple[str, str]]:
+    """(title, the end of its log) for every pod of `namespace` the session has seen,
+    deleted pods included: what a failed test on the real nodes prints."""
+    return [
+        (f"pod log {namespace}/{pod} (last {LOG_TAIL_CHARS} chars)", text[-LOG_TAIL_CHARS:])
+        for pod, text in cluster.namespace_pod_logs(namespace).items()
+    ]
 
 
 TIMED_OUT_IN_FLIGHT = re.compile(r"Timed out (\w+) in flight \(after (\d+)ms")
