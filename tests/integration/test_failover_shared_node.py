@@ -26,7 +26,13 @@ from dedup_local.real_cluster import RealCluster
 from support.cluster_fixtures import ClusterNamespace
 from support.foreign_workload import foreign_pod
 from support.kafka_fixtures import NewTopic
-from support.operator_helpers import events, running_operator, wait_for, wait_for_event
+from support.operator_helpers import (
+    events,
+    reasons_once_posted,
+    running_operator,
+    wait_for,
+    wait_for_event,
+)
 from support.pipeline_traffic import (
     Traffic,
     assert_output_exact,
@@ -161,7 +167,7 @@ def test_shut_down_shared_node_is_tainted_and_the_partition_moves_fast(
                       if v.persistent_volume_claim]  # fmt: skip
             assert claims == ["events-p0"]
             assert_output_exact(kafka.bootstrap, topic, traffic)
-            reasons = [e[1] for e in events(api, ns, "events")]
+            reasons = reasons_once_posted(api, ns, "events", "FailoverCompleted")
             assert reasons.count("FailoverCompleted") == 1, reasons
             tainted = wait_for_event(api, ns, "events", "Warning", "NodeOutOfService")
             assert any("is shut down" in m for m in tainted), tainted

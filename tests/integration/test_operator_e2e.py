@@ -34,6 +34,7 @@ from support.neighbour_scenario import NEIGHBOUR, NeighbourScenario
 from support.operator_helpers import (
     events,
     get_pipeline,
+    reasons_once_posted,
     running_operator,
     wait_for,
 )
@@ -419,7 +420,9 @@ def test_node_healed_after_its_worker_fenced_is_released_gracefully_never_tainte
             assert last["release"] == "Graceful", last
             assert f"node {cut} is Ready again" in last["releaseWhy"]
             assert set(last["steps"]) == {"fenced", "released", "detached", "started", "ready"}
-            reasons = [e[1] for e in events(api, ns, "events")]
+            reasons = reasons_once_posted(
+                api, ns, "events", "ReleasedGracefully", "FailoverCompleted"
+            )
             assert "ReleasedGracefully" in reasons and "NodeOutOfService" not in reasons
             assert reasons.count("FailoverCompleted") == 1, reasons
             assert_output_exact(kafka.bootstrap, topic, traffic)

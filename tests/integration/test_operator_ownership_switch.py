@@ -22,7 +22,13 @@ from dedup_local.real_cluster import RealCluster
 from dedupctl import cli as ctl
 from support.cluster_fixtures import ClusterNamespace
 from support.kafka_fixtures import NewTopic
-from support.operator_helpers import condition, events, get_pipeline, running_operator, wait_for
+from support.operator_helpers import (
+    condition,
+    get_pipeline,
+    reasons_once_posted,
+    running_operator,
+    wait_for,
+)
 from support.pipeline_traffic import create_pipeline, pipeline_body, ready_pipeline, topics
 from support.worker_helpers import event, output_ids
 
@@ -208,11 +214,11 @@ def test_an_ownership_off_pipeline_switches_in_one_step(
             env = _env(api, ns, pod)
             assert env["DEDUP_OWNED_TOPIC"] == internal and env["DEDUP_WORKERS"] == "2"
             assert env["DEDUP_OWNERSHIP_SWITCH"] == "true"
-        reasons = [e[1] for e in events(api, ns, "legacy")]
-        for reason in ("OwnershipSwitchStarted", "OwnershipSwitchWorkersStopped",
-                       "WorkerSwitchStarted", "WorkerSwitchCompleted",
-                       "OwnershipSwitchCompleted", "OwnedTopicCreated"):  # fmt: skip
-            assert reason in reasons, reasons
+        reasons = reasons_once_posted(
+            api, ns, "legacy", "OwnershipSwitchStarted", "OwnershipSwitchWorkersStopped",
+            "WorkerSwitchStarted", "WorkerSwitchCompleted", "OwnershipSwitchCompleted",
+            "OwnedTopicCreated",
+        )  # fmt: skip
         assert reasons.count("OwnershipSwitchCompleted") == 1
         assert status["failovers"] == 0  # planned, not a failover
 

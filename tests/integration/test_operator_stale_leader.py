@@ -34,7 +34,12 @@ from dedup_operator.kube import Conflict, Kube
 from dedup_operator.leader import LEASE_NAME
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeCluster, KubeNamespace
-from support.operator_helpers import events, get_pipeline, running_operator, wait_for
+from support.operator_helpers import (
+    get_pipeline,
+    reasons_once_posted,
+    running_operator,
+    wait_for,
+)
 from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
@@ -202,7 +207,7 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
     for line in abandoned:
         print(line)
         assert "no longer the leader" in line or "changed since this pass read it" in line
-    reasons = [e[1] for e in events(api, ns, "events")]
+    reasons = reasons_once_posted(api, ns, "events", "FailoverStarted", "FailoverCompleted")
     assert reasons.count("FailoverStarted") == 1, reasons
     assert reasons.count("FailoverCompleted") == 1, reasons
     print("versions (resourceVersion, p0 epoch, p0 handover):", versions.seen)

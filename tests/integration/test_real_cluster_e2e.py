@@ -54,6 +54,7 @@ from support.operator_helpers import (
     drop_finalizers,
     events,
     get_pipeline,
+    reasons_once_posted,
     wait_for,
     wait_for_event,
 )
@@ -590,7 +591,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
         assert min(last["steps"], key=last["steps"].get) == "fenced", last["steps"]
         assert not watch.tainted, f"{cut} was tainted out-of-service"
         assert not watch.pod_touched, watch.pod_touched
-        reasons = [e[1] for e in events(api, ns, PIPELINE)]
+        reasons = reasons_once_posted(api, ns, PIPELINE, "OutOfServiceTaintBlocked")
         assert "OutOfServiceTaintBlocked" in reasons and "NodeOutOfService" not in reasons
         other = core.read_namespaced_pod(foreign, team)
         assert other.metadata.deletion_timestamp is None and other.spec.node_name == cut

@@ -87,6 +87,24 @@ def events(api: ApiClient, namespace: str, name: str) -> list[tuple[str, str, st
     return [(e.type or "", e.reason or "", e.message or "") for e in found.items]
 
 
+def reasons_once_posted(
+    api: ApiClient, namespace: str, name: str, *wanted: str, timeout: float = 30
+) -> list[str]:
+    """The reasons of the Events about pipeline `name`, once each of `wanted` is among
+    them. The operator posts its Events from a queue, after the status write that records
+    what they tell (event_poster.py): a test that saw the status waits for its Events
+    rather than reading them at once (a loaded API server takes a while to post them)."""
+    return wait_for(
+        lambda: (
+            reasons
+            if set(wanted) <= set(reasons := [r for _, r, _ in events(api, namespace, name)])
+            else None
+        ),
+        timeout,
+        f"the Events {', '.join(wanted)} about {name}",
+    )
+
+
 def wait_for_event(
     api: ApiClient, namespace: str, name: str, kind: str, reason: str, timeout: float = 15
 ) -> list[str]:
