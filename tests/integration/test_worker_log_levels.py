@@ -151,11 +151,10 @@ def test_all_brokers_down_for_over_30_s_is_an_error_then_the_worker_recovers(
         time.sleep(2)  # a statistics report (1 s) with the broker up
 
         # A short restart afterwards counts afresh: back under 30 s, WARNINGs only.
-        # The outage lasts 5 s on the test's clock, not until a line shows: a client's
-        # lines reach the log only when the worker polls that client (the producer: only
-        # while a batch commits), and in CI the consumer logged nothing for 50 s of this
-        # outage (2026-11-26) while the producer's lines came at the next commit. The
-        # batch of "c" below commits, so the restart's lines are served by then.
+        # The outage lasts 5 s on the test's clock, not until a line shows: in CI the
+        # consumer once logged nothing for 50 s of an outage (2026-11-26). The idle
+        # producer is served at every empty poll (loop._serve_idle_producer), so its
+        # transaction coordinator's failures are logged at once as well.
         before = len(log_records(log))
         broker.stop()
         time.sleep(5)

@@ -517,6 +517,7 @@ class DedupWorker:
         self.health.beat()
         records = self._records(messages)
         if not records:
+            self._serve_idle_producer()
             self._update_lag()
             return None
         owned_topic = cfg.owned_topic
@@ -1100,6 +1101,15 @@ class DedupWorker:
                 log.info("committed offsets not available yet; retrying", extra={"error": str(exc)})
                 time.sleep(0.2)
 
+    def _serve_idle_producer(self) -> None:
+        """With no transaction in flight, serve the producer's log lines, errors and
+        statistics now: only a commit's flush serves them otherwise, and an idle worker
+        would tell of a broker outage (its transaction coordinator's connection failing)
+        at the next commit, judged late, or never. (A transaction in flight is flushed
+        by the committer thread, which serves them.)"""
+        if self._in_flight is None and self.producer is not None:
+            self.producer.poll(0)
+
     def _update_lag(self) -> None:
         """Records not read yet: of the input (consumer lag) and of the internal topic."""
         assert self.consumer is not None
@@ -1159,10 +1169,12 @@ class DedupWorker:
             "bootstrap.servers": cfg.bootstrap_servers,
             "transactional.id": cfg.transactional_id,
             "error_cb": self._on_kafka_error,
-            # No statistics: a producer is polled only while a batch commits, and an idle
-            # one would pile up a report a second. A committed transaction proves a
-            # broker up instead.
             "logger": self._producer_log,
+            # Polled while a batch commits (flush) and, idle, at every empty poll of the
+            # consumer (_serve_idle_producer): its reports say when a broker is up, as
+            # a committed transaction does.
+            "stats_cb": self._producer_log.statistics,
+            "statistics.interval.ms": STATISTICS_INTERVAL_MS,
             "transaction.timeout.ms": cfg.transaction_timeout_ms,
             "linger.ms": 5,
             "batch.size": 1_000_000,

@@ -223,6 +223,9 @@ class FakeProducer:
     def commit_transaction(self) -> None:
         self.calls.append("commit")
 
+    def poll(self, timeout: float = 0) -> int:  # served while idle
+        return 0
+
 
 def paused_worker(tmp_path: Path, token: Token, committed: int = 42) -> DedupWorker:
     cfg = WorkerConfig(
