@@ -56,7 +56,7 @@ from dedup_contract import kube_client, names
 from dedup_contract.timefmt import parse_time
 from dedup_local.control_plane import ControlPlane
 from dedup_local.kafka import KafkaBroker
-from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
+from dedup_local.kubelet_simulation import Kubelets, simulated_output, simulated_pipeline
 from dedup_local.operator_process import OperatorProcess, running_operator
 from dedup_local.paths import REPO_ROOT
 
@@ -390,7 +390,10 @@ def main() -> int:
         )
         topic = "scale-in"
         kafka.create_topic(topic, args.partitions)
-        kafka.create_topic(f"{topic}-o", args.partitions, {"retention.ms": "-1"})
+        for name in pipelines:  # each pipeline an output of its own (shared_kafka.py)
+            kafka.create_topic(
+                simulated_output(topic, name), args.partitions, {"retention.ms": "-1"}
+            )
         kubeconfig = operator_kubeconfig(cp, admin, tmp / "operator.kubeconfig")
         base_s = None
         if not args.no_baseline:

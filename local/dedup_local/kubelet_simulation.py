@@ -280,6 +280,12 @@ class Kubelets:
         self.delete_nodes()
 
 
+def simulated_output(topic: str, name: str) -> str:
+    """The output topic of simulated pipeline `name` reading `topic`: one of its own, as
+    the operator requires (no two pipelines share an output: dedup_operator.shared_kafka)."""
+    return f"{topic}-{name}-o"
+
+
 def simulated_pipeline(
     bootstrap: str,
     topic: str,
@@ -292,7 +298,11 @@ def simulated_pipeline(
     the key, a small window: nothing here reads records); `failover`: spec.failover,
     None for the CRD's defaults."""
     spec: dict[str, Any] = {
-        "kafka": {"bootstrapServers": bootstrap, "inputTopic": topic, "outputTopic": f"{topic}-o"},
+        "kafka": {
+            "bootstrapServers": bootstrap,
+            "inputTopic": topic,
+            "outputTopic": simulated_output(topic, name),
+        },
         "partitions": partitions,
         "messageId": {"source": "key"},
         "window": {"maxKeys": 1000},

@@ -1,22 +1,28 @@
 """What a pipeline must not share with another pipeline on the same Kafka cluster (pure).
 
-Each id is published once only while a pipeline's workers are alone with their consumer
-group's position on their input topic: committed offsets are kept per group, topic and
-partition, so two pipelines of one group on one input topic move each other's position
-and each skips what the other read. The default group, `dedup-<pipeline>`, does not name
-the namespace: two pipelines of the same name in two namespaces share it.
+Each id is published once only while a pipeline's workers are alone:
+- **with their consumer group's position on their input topic.** Committed offsets are
+  kept per group, topic and partition, so two pipelines of one group on one input topic
+  move each other's position and each skips what the other read. The default group,
+  `dedup-<pipeline>`, does not name the namespace: two pipelines of the same name in two
+  namespaces share it.
+- **on the topics they write.** A store is caught up and rebuilt from its output's owner
+  partition, so another pipeline's records in the output would be taken for ids this one
+  published (and this one's, in the other's, for the other's): each would skip ids it
+  never published. The internal topic (`kafka.ownedTopic`, else `<namespace>.<pipeline>
+  -owned`) is read by the owners as their own forwarded records. So no topic one pipeline
+  writes (output, internal) may be a topic another writes. Reading another's output as
+  an input (a chain of pipelines) is fine, and so is a shared dead-letter topic.
 
-Of two pipelines that would share it, the one created first keeps it: the other's
-TopicReady is False (`ConsumerGroupShared`, naming the older), and no worker of it
-starts (workers already running are not stopped, as for a missing topic).
+Of two pipelines that would share one of these, the one created first keeps it: the
+other's TopicReady is False (`ConsumerGroupShared`, `OutputTopicShared` or
+`OwnedTopicShared`, naming the older), and no worker of it starts (workers already
+running are not stopped, as for a missing topic).
 
-Not checked yet (docs/operations.md says so): an output or internal topic shared by two
-pipelines, which breaks the promise as surely (a store is caught up and rebuilt from its
-output's owner partition, so another pipeline's records there would be taken for ids
-this one published). Kafka clusters are told apart by
-`kafka.bootstrapServers` as written (the set of host:port, case and order aside); two
-lists naming the same cluster by different brokers are not recognised, nor is a consumer
-outside the operator's watch (another operator's namespaces, a program of its own).
+Kafka clusters are told apart by `kafka.bootstrapServers` as written (the set of
+host:port, case and order aside); two lists naming the same cluster by different brokers
+are not recognised, nor is a pipeline outside the operator's watch (another operator's
+namespaces) or a program of its own writing to the output.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dedup_contract import names
 from dedup_operator.topics import TopicCheck
 
 # TopicReady's reasons for what an older pipeline holds
-SHARED_REASONS: Final = frozenset({"ConsumerGroupShared"})
+SHARED_REASONS: Final = frozenset({"ConsumerGroupShared", "OutputTopicShared", "OwnedTopicShared"})
 
 
 @dataclass(frozen=True, order=True)
@@ -43,6 +49,8 @@ class KafkaClaims:
     cluster: frozenset[str]
     group: str
     input_topic: str
+    output_topic: str
+    owned_topic: str  # the internal topic it writes under ownership (named, or its own)
 
     @property
     def ref(self) -> str:
@@ -72,6 +80,8 @@ def claims_of(body: Mapping[str, Any]) -> KafkaClaims | None:
             cluster=cluster_of(str(kafka["bootstrapServers"])),
             group=str(kafka.get("consumerGroup") or names.default_consumer_group(name)),
             input_topic=str(kafka["inputTopic"]),
+            output_topic=str(kafka["outputTopic"]),
+            owned_topic=str(kafka.get("ownedTopic") or names.owned_topic(namespace, name)),
         )
     except KeyError:
         return None
@@ -88,22 +98,37 @@ def shared_with_older(me: KafkaClaims, others: Iterable[KafkaClaims]) -> TopicCh
             continue
         found = _what_is_shared(me, other)
         if found is not None:
-            reason, what = found
+            reason, what, remedy = found
             return TopicCheck(
                 False,
                 reason,
                 f"{what} is already used by pipeline {other.ref} (created {other.created}) "
                 f"on the same Kafka cluster: each id would not be published once; "
-                f"give this pipeline its own (no worker starts until then)",
+                f"{remedy} (no worker starts until then)",
                 blocks=True,
             )
     return None
 
 
-def _what_is_shared(me: KafkaClaims, other: KafkaClaims) -> tuple[str, str] | None:
+def _what_is_shared(me: KafkaClaims, other: KafkaClaims) -> tuple[str, str, str] | None:
+    """(reason, what is shared, how to stop sharing it), or None."""
     if me.group == other.group and me.input_topic == other.input_topic:
         return (
             "ConsumerGroupShared",
-            f"consumer group {me.group} on input topic {me.input_topic} (set kafka.consumerGroup)",
+            f"consumer group {me.group} on input topic {me.input_topic}",
+            "set kafka.consumerGroup to a group of its own",
         )
+    if me.output_topic == other.output_topic:
+        return "OutputTopicShared", f"output topic {me.output_topic}", _recreate("outputTopic")
+    theirs = {other.output_topic: "output topic", other.owned_topic: "internal topic"}
+    mine = {me.output_topic: "outputTopic", me.owned_topic: "ownedTopic"}
+    for topic, field in mine.items():
+        if topic in theirs:
+            what = "output topic" if field == "outputTopic" else "internal topic"
+            return "OwnedTopicShared", f"{what} {topic} (as its {theirs[topic]})", _recreate(field)
     return None
+
+
+def _recreate(field: str) -> str:
+    """The way out when a topic is shared: the topics are immutable (the CRD's rules)."""
+    return f"kafka.{field} cannot change: delete this pipeline and create it again with a topic of its own"

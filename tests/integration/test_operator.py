@@ -264,7 +264,7 @@ def test_topic_problems_are_conditions_and_events(
             assert sum(reason in line for line in errors) == 1, errors
 
 
-def test_the_younger_of_two_pipelines_sharing_a_consumer_group_starts_no_worker(
+def test_the_younger_of_two_pipelines_sharing_a_consumer_group_or_an_output_starts_no_worker(
     dedup_crd: KubeCluster,
     kube_namespace: KubeNamespace,
     kafka: KafkaBroker,
@@ -276,7 +276,9 @@ def test_the_younger_of_two_pipelines_sharing_a_consumer_group_starts_no_worker(
     other's committed position. The operator (watching both namespaces) lets the older
     one run; the younger's TopicReady is False (ConsumerGroupShared, naming the older),
     it is Degraded, no worker of it starts, and the operator says so in one ERROR line.
-    Given a consumer group of its own, it starts its workers."""
+    Given a consumer group of its own, it still writes the older's output topic
+    (OutputTopicShared, likewise); given an output of its own too, it starts its
+    workers."""
     ns = kube_namespace
     core = client.CoreV1Api(ns.api_client)
     other = f"{ns.name[:55]}-b"
@@ -291,15 +293,13 @@ def test_the_younger_of_two_pipelines_sharing_a_consumer_group_starts_no_worker(
         with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "op.log", extra=extra) as op:
             create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
             wait_for(lambda: len(listed(ns, "pod", "events")) == 2, 60, "the older's workers")
-            younger = pipeline_body("events", kafka.bootstrap, topic, 2)
-            younger["spec"]["kafka"]["outputTopic"] = f"{topic}-out-b"
-            create(younger_ns, younger)
+            create(younger_ns, pipeline_body("events", kafka.bootstrap, topic, 2))
 
-            def refused() -> dict[str, Any] | None:
+            def refused(reason: str) -> dict[str, Any] | None:
                 c = condition(get_pipeline(ns.api_client, other, "events"), "TopicReady")
-                return c if c and c["status"] == "False" else None
+                return c if c and (c["status"], c["reason"]) == ("False", reason) else None
 
-            found = wait_for(refused, 60, "the younger's TopicReady")
+            found = wait_for(lambda: refused("ConsumerGroupShared"), 60, "the younger refused")
             assert found["reason"] == "ConsumerGroupShared", found
             assert f"pipeline {ns.name}/events" in found["message"], found
             assert "consumer group dedup-events" in found["message"], found
@@ -319,10 +319,30 @@ def test_the_younger_of_two_pipelines_sharing_a_consumer_group_starts_no_worker(
                 names.GROUP, names.VERSION, other, names.PLURAL, "events",
                 {"spec": {"kafka": {"consumerGroup": f"dedup-{other}-events"}}},
             )  # fmt: skip
+            found = wait_for(lambda: refused("OutputTopicShared"), 60, "its output refused")
+            assert (
+                f"output topic {topic}-out is already used by pipeline {ns.name}/events"
+                in (found["message"])
+            ), found
+            assert "delete this pipeline and create it again" in found["message"], found
+            time.sleep(2)
+            assert listed(younger_ns, "pod", "events") == []
+            errors = [line for line in op.log().splitlines() if error_line(line)]
+            assert sum("OutputTopicShared" in line for line in errors) == 1, errors
+            # the output cannot change (the CRD's rule): created again with its own
+            custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, other, names.PLURAL, "events"
+            )
+            wait_for(lambda: get_pipeline(ns.api_client, other, "events") is None, 60, "gone")
+            again = pipeline_body("events", kafka.bootstrap, topic, 2)
+            again["spec"]["kafka"].update(
+                outputTopic=f"{topic}-out-b", consumerGroup=f"dedup-{other}-events"
+            )
+            create(younger_ns, again)
             wait_for(
                 lambda: len(listed(younger_ns, "pod", "events")) == 2,
                 60,
-                "the younger's workers, with a group of its own",
+                "the younger's workers, with a group and an output of its own",
             )
             ready = condition(get_pipeline(ns.api_client, other, "events"), "TopicReady")
             assert ready is not None and ready["status"] == "True", ready
@@ -549,14 +569,16 @@ def test_delete_keeps_volumes_only_when_asked(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the outputs, one each
+    kafka.create_topic(f"{topic}-out-dropped", 2)
     custom = client.CustomObjectsApi(ns.api_client)
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("kept", kafka.bootstrap, topic, 2))
-        create(
-            ns,
-            pipeline_body("dropped", kafka.bootstrap, topic, 2, storage={"retainOnDelete": False}),
+        dropped = pipeline_body(
+            "dropped", kafka.bootstrap, topic, 2, storage={"retainOnDelete": False}
         )
+        dropped["spec"]["kafka"]["outputTopic"] = f"{topic}-out-dropped"
+        create(ns, dropped)
         for name in ("kept", "dropped"):
             wait_for(lambda n=name: len(listed(ns, "pod", n)) == 2, 60, f"{name}'s pods")
         kept = get_pipeline(ns.api_client, ns.name, "kept")
@@ -592,10 +614,13 @@ def test_worker_rbac_reaches_its_leases_and_nothing_else(
 ) -> None:
     ns = kube_namespace
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the output
+    kafka.create_topic(f"{topic}-out", 2)  # TopicReady: the outputs, one each
+    kafka.create_topic(f"{topic}-out-other", 2)
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
-        create(ns, pipeline_body("other", kafka.bootstrap, topic, 2))
+        other = pipeline_body("other", kafka.bootstrap, topic, 2)
+        other["spec"]["kafka"]["outputTopic"] = f"{topic}-out-other"
+        create(ns, other)
         for name in ("events", "other"):
             wait_for(lambda n=name: len(listed(ns, "lease", n)) == 2, 60, f"{name}'s Leases")
             wait_for(lambda n=name: _has_binding(ns, f"{n}-worker"), 60, f"{name}'s RoleBinding")

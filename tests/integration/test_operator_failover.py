@@ -38,7 +38,14 @@ from support.operator_helpers import (
     wait_for,
     wait_for_event,
 )
-from support.simulated_kubelets import LEASE_S, Kubelets, entry, kubelets_in, pipeline
+from support.simulated_kubelets import (
+    LEASE_S,
+    Kubelets,
+    entry,
+    kubelets_in,
+    pipeline,
+    simulated_output,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -100,7 +107,7 @@ def _fail_over(
     api = ns.api_client
     topic = new_topic(partitions=2)
     # TopicReady: the output, kept for ever (the window is maxKeys only)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    kafka.create_topic(simulated_output(topic, "events"), 2, {"retention.ms": "-1"})
     log = tmp_path / "operator.log"
     op_ctx = running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5)
     op = op_ctx.__enter__()
@@ -243,7 +250,7 @@ def test_spec_change_rolls_one_partition_at_a_time(
     ns, api = kube_namespace, kube_namespace.api_client
     topic = new_topic(partitions=2)
     # TopicReady: the output, kept for ever (the window is maxKeys only)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    kafka.create_topic(simulated_output(topic, "events"), 2, {"retention.ms": "-1"})
     log = tmp_path / "operator.log"
     with running_operator(ns.kubeconfig_path, ns.name, log, interval=0.5):
         custom = client.CustomObjectsApi(api)
@@ -309,7 +316,7 @@ def test_pipeline_deleted_while_its_node_is_tainted_lifts_its_taint_only(
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     topic = new_topic(partitions=2)
     # TopicReady: the output, kept for ever (the window is maxKeys only)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    kafka.create_topic(simulated_output(topic, "events"), 2, {"retention.ms": "-1"})
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log", interval=0.5):
         custom.create_namespaced_custom_object(
             names.GROUP,

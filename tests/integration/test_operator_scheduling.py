@@ -34,7 +34,7 @@ from dedup_operator.kube import Kube
 from support.kafka_fixtures import NewTopic
 from support.kube_fixtures import KubeNamespace
 from support.operator_helpers import events, get_pipeline, running_operator, wait_for
-from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline
+from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline, simulated_output
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -83,7 +83,8 @@ def test_a_quiet_pipeline_keeps_its_interval_while_another_hands_over(
 ) -> None:
     api, ns = kube_namespace.api_client, kube_namespace.name
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    for name in ("busy", "quiet"):
+        kafka.create_topic(simulated_output(topic, name), 2, {"retention.ms": "-1"})
     busy_nodes.create_volumes("busy", 2)
     quiet_nodes.create_volumes("quiet", 1)
     with running_operator(
@@ -129,11 +130,11 @@ def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
 ) -> None:
     api, ns = kube_namespace.api_client, kube_namespace.name
     topic = new_topic(partitions=1)
-    kafka.create_topic(f"{topic}-o", 1, {"retention.ms": "-1"})
     crowded, spare = busy_nodes.nodes
     busy_nodes.cordon(spare)  # every first worker on the crowded node
     pipelines = [f"p{i}" for i in range(5)]
     for name in pipelines:
+        kafka.create_topic(simulated_output(topic, name), 1, {"retention.ms": "-1"})
         busy_nodes.create_volumes(name, 1)
     with running_operator(
         kube_namespace.kubeconfig_path, ns, tmp_path / "operator.log", interval=INTERVAL_S
@@ -230,7 +231,7 @@ def test_a_pipeline_at_rest_is_passed_over_when_what_it_reads_changes_not_by_the
     far sooner than the resync."""
     api, ns = kube_namespace.api_client, kube_namespace.name
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    kafka.create_topic(simulated_output(topic, "rest"), 2, {"retention.ms": "-1"})
     busy_nodes.create_volumes("rest", 2)
     log = tmp_path / "operator.log"
     with running_operator(
@@ -289,8 +290,11 @@ def test_an_operator_restarted_under_200_partitions_starts_no_handover(
     worker keeps its pod and epoch."""
     api, ns = kube_namespace.api_client, kube_namespace.name
     topic = new_topic(partitions=RESTART_PARTITIONS)
-    kafka.create_topic(f"{topic}-o", RESTART_PARTITIONS, {"retention.ms": "-1"})
     pipelines = [f"r{i:02d}" for i in range(RESTART_PIPELINES)]
+    for name in pipelines:
+        kafka.create_topic(
+            simulated_output(topic, name), RESTART_PARTITIONS, {"retention.ms": "-1"}
+        )
     with kubelets_in(api, ns, "sr", RESTART_NODES, cpus=32) as kubelets:
         for name in pipelines:
             kubelets.create_volumes(name, RESTART_PARTITIONS)

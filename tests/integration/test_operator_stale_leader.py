@@ -40,7 +40,7 @@ from support.operator_helpers import (
     running_operator,
     wait_for,
 )
-from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline
+from support.simulated_kubelets import Kubelets, entry, kubelets_in, pipeline, simulated_output
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
 
@@ -122,7 +122,7 @@ def test_leader_frozen_mid_handover_and_resumed_overwrites_nothing(
     leases = client.CoordinationV1Api(api)
     topic = new_topic(partitions=2)
     # TopicReady: the output, kept for ever (the window is maxKeys only)
-    kafka.create_topic(f"{topic}-o", 2, {"retention.ms": "-1"})
+    kafka.create_topic(simulated_output(topic, "events"), 2, {"retention.ms": "-1"})
 
     def holder() -> str | None:
         try:

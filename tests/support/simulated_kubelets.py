@@ -15,10 +15,10 @@ from typing import Any
 
 from kubernetes import client
 
-from dedup_local.kubelet_simulation import Kubelets, simulated_pipeline
+from dedup_local.kubelet_simulation import Kubelets, simulated_output, simulated_pipeline
 from support.operator_helpers import get_pipeline
 
-__all__ = ["LEASE_S", "Kubelets", "entry", "kubelets_in", "pipeline"]
+__all__ = ["LEASE_S", "Kubelets", "entry", "kubelets_in", "pipeline", "simulated_output"]
 
 LEASE_S = 3
 

@@ -54,10 +54,38 @@ def test_one_cluster_is_recognised_by_any_broker_it_shares_case_and_order_aside(
     assert verdict(younger, older) is not None
 
 
-def test_an_output_topic_shared_is_not_checked_yet() -> None:
-    # (docs/operations.md: a gap, said there) other names: other default groups
+def test_an_output_topic_shared_is_refused_to_the_younger() -> None:
+    # other names: other default groups, so only the output is shared
     older = body("billing", "a", OLD, outputTopic="out")
-    assert verdict(body("x", "b", NEW, outputTopic="out"), older) is None
+    found = verdict(body("x", "b", NEW, outputTopic="out"), older)
+    assert found is not None and found[0] == "OutputTopicShared"
+    assert found[1].startswith("output topic out is already used by pipeline billing/a ")
+    assert "kafka.outputTopic cannot change: delete this pipeline" in found[1]
+    assert verdict(older, body("x", "b", NEW, outputTopic="out")) is None
+
+
+def test_a_topic_one_writes_as_internal_topic_the_other_writes_is_refused() -> None:
+    # the default internal topic names the namespace and the pipeline
+    older = body("billing", "a", OLD, outputTopic="out")
+    found = verdict(body("x", "b", NEW, outputTopic="billing.a-owned"), older)
+    assert found is not None and found[0] == "OwnedTopicShared"
+    assert "output topic billing.a-owned (as its internal topic)" in found[1]
+    found = verdict(body("x", "b", NEW, ownedTopic="out"), older)
+    assert found is not None and found[0] == "OwnedTopicShared"
+    assert "internal topic out (as its output topic)" in found[1]
+    assert "kafka.ownedTopic cannot change" in found[1]
+    named = body("billing", "a", OLD, ownedTopic="forwarded")
+    found = verdict(body("x", "b", NEW, ownedTopic="forwarded"), named)
+    assert found is not None and found[0] == "OwnedTopicShared"
+    assert "internal topic forwarded (as its internal topic)" in found[1]
+
+
+def test_a_chain_of_pipelines_and_a_shared_dead_letter_topic_share_nothing() -> None:
+    # the younger reads the older's output: a chain, each writing its own topics
+    older = body("billing", "a", OLD, inputTopic="raw", outputTopic="clean")
+    assert verdict(body("x", "b", NEW, inputTopic="clean", outputTopic="cleaner"), older) is None
+    older = body("billing", "a", OLD, outputTopic="out-a", deadLetterTopic="dlq")
+    assert verdict(body("x", "b", NEW, outputTopic="out-b", deadLetterTopic="dlq"), older) is None
 
 
 def test_equal_creation_times_are_ordered_by_namespace_and_name() -> None:
