@@ -183,7 +183,9 @@ def test_topic_problems_are_conditions_and_events(
     partitions (PartitionCountMismatch)."""
     ns = kube_namespace
     topic = new_topic(partitions=2)
-    kafka.create_topic(f"{topic}-out", 3)  # TopicReady: the output, one per worker
+    # TopicReady: the outputs, one per worker, one for each pipeline (shared_kafka.py)
+    kafka.create_topic(f"{topic}-out", 3)
+    kafka.create_topic(f"{topic}-out-uneven", 3)
     create(ns, pipeline_body("legacy", kafka.bootstrap, topic, 3))
     # as the operator before ownership left it: workers ran, no status.ownership
     client.CustomObjectsApi(ns.api_client).patch_namespaced_custom_object_status(
@@ -197,7 +199,9 @@ def test_topic_problems_are_conditions_and_events(
         ]}},
     )  # fmt: skip
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
-        create(ns, pipeline_body("uneven", kafka.bootstrap, topic, 3))
+        uneven_body = pipeline_body("uneven", kafka.bootstrap, topic, 3)
+        uneven_body["spec"]["kafka"]["outputTopic"] = f"{topic}-out-uneven"
+        create(ns, uneven_body)
         create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
 
         def topic_ready(name: str, status: str) -> dict[str, Any] | None:
