@@ -131,4 +131,7 @@ def _what_is_shared(me: KafkaClaims, other: KafkaClaims) -> tuple[str, str, str]
 
 def _recreate(field: str) -> str:
     """The way out when a topic is shared: the topics are immutable (the CRD's rules)."""
-    return f"kafka.{field} cannot change: delete this pipeline and create it again with a topic of its own"
+    return (
+        f"kafka.{field} cannot change: delete this pipeline and create it again with a "
+        f"topic of its own"
+    )
