@@ -121,10 +121,12 @@ def _what_is_shared(me: KafkaClaims, other: KafkaClaims) -> tuple[str, str, str]
     if me.output_topic == other.output_topic:
         return "OutputTopicShared", f"output topic {me.output_topic}", _recreate("outputTopic")
     theirs = {other.output_topic: "output topic", other.owned_topic: "internal topic"}
-    mine = {me.output_topic: "outputTopic", me.owned_topic: "ownedTopic"}
-    for topic, field in mine.items():
+    mine = {
+        me.output_topic: ("output topic", "outputTopic"),
+        me.owned_topic: ("internal topic", "ownedTopic"),
+    }
+    for topic, (what, field) in mine.items():
         if topic in theirs:
-            what = "output topic" if field == "outputTopic" else "internal topic"
             return "OwnedTopicShared", f"{what} {topic} (as its {theirs[topic]})", _recreate(field)
     return None
 
