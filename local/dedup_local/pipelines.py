@@ -3,6 +3,7 @@ add what they are about (failover timings, reconciliation, storage options)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dedup_contract import names
@@ -24,13 +25,16 @@ def pipeline_body(
     partitions: int = 1,
     *,
     dead_letters: bool = True,
+    kafka_fields: Mapping[str, str] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
     """`topic` in, `<topic>-out` out (`<topic>-dlq` for dead letters), ids in JSON field
-    `messageId`, a 1h window; `spec` adds or replaces top-level spec fields."""
+    `messageId`, a 1h window; `kafka_fields` adds or replaces fields of spec.kafka (an
+    output of its own, a consumer group), `spec` top-level spec fields."""
     kafka = {"bootstrapServers": bootstrap, "inputTopic": topic, "outputTopic": f"{topic}-out"}
     if dead_letters:
         kafka["deadLetterTopic"] = f"{topic}-dlq"
+    kafka.update(kafka_fields or {})
     return {
         "apiVersion": f"{names.GROUP}/{names.VERSION}",
         "kind": names.KIND,

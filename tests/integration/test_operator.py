@@ -199,9 +199,8 @@ def test_topic_problems_are_conditions_and_events(
         ]}},
     )  # fmt: skip
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log") as op:
-        uneven_body = pipeline_body("uneven", kafka.bootstrap, topic, 3)
-        uneven_body["spec"]["kafka"]["outputTopic"] = f"{topic}-out-uneven"
-        create(ns, uneven_body)
+        own_output = {"outputTopic": f"{topic}-out-uneven"}
+        create(ns, pipeline_body("uneven", kafka.bootstrap, topic, 3, kafka_fields=own_output))
         create(ns, pipeline_body("missing", kafka.bootstrap, "no-such-topic-xyz", 2))
 
         def topic_ready(name: str, status: str) -> dict[str, Any] | None:
@@ -338,11 +337,8 @@ def test_the_younger_of_two_pipelines_sharing_a_consumer_group_or_an_output_star
                 names.GROUP, names.VERSION, other, names.PLURAL, "events"
             )
             wait_for(lambda: get_pipeline(ns.api_client, other, "events") is None, 60, "gone")
-            again = pipeline_body("events", kafka.bootstrap, topic, 2)
-            again["spec"]["kafka"].update(
-                outputTopic=f"{topic}-out-b", consumerGroup=f"dedup-{other}-events"
-            )
-            create(younger_ns, again)
+            own = {"outputTopic": f"{topic}-out-b", "consumerGroup": f"dedup-{other}-events"}
+            create(younger_ns, pipeline_body("events", kafka.bootstrap, topic, 2, kafka_fields=own))
             wait_for(
                 lambda: len(listed(younger_ns, "pod", "events")) == 2,
                 60,
@@ -578,11 +574,14 @@ def test_delete_keeps_volumes_only_when_asked(
     custom = client.CustomObjectsApi(ns.api_client)
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("kept", kafka.bootstrap, topic, 2))
-        dropped = pipeline_body(
-            "dropped", kafka.bootstrap, topic, 2, storage={"retainOnDelete": False}
-        )
-        dropped["spec"]["kafka"]["outputTopic"] = f"{topic}-out-dropped"
-        create(ns, dropped)
+        create(
+            ns,
+            pipeline_body(
+                "dropped", kafka.bootstrap, topic, 2,
+                kafka_fields={"outputTopic": f"{topic}-out-dropped"},
+                storage={"retainOnDelete": False},
+            ),
+        )  # fmt: skip
         for name in ("kept", "dropped"):
             wait_for(lambda n=name: len(listed(ns, "pod", n)) == 2, 60, f"{name}'s pods")
         kept = get_pipeline(ns.api_client, ns.name, "kept")
@@ -622,9 +621,8 @@ def test_worker_rbac_reaches_its_leases_and_nothing_else(
     kafka.create_topic(f"{topic}-out-other", 2)
     with running_operator(ns.kubeconfig_path, ns.name, tmp_path / "operator.log"):
         create(ns, pipeline_body("events", kafka.bootstrap, topic, 2))
-        other = pipeline_body("other", kafka.bootstrap, topic, 2)
-        other["spec"]["kafka"]["outputTopic"] = f"{topic}-out-other"
-        create(ns, other)
+        own_output = {"outputTopic": f"{topic}-out-other"}
+        create(ns, pipeline_body("other", kafka.bootstrap, topic, 2, kafka_fields=own_output))
         for name in ("events", "other"):
             wait_for(lambda n=name: len(listed(ns, "lease", n)) == 2, 60, f"{name}'s Leases")
             wait_for(lambda n=name: _has_binding(ns, f"{n}-worker"), 60, f"{name}'s RoleBinding")

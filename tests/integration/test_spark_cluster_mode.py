@@ -115,6 +115,7 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
         name,
         kafka.bootstrap,
         f"{name}-in",
+        kafka_fields={"outputTopic": f"{name}-out", "deadLetterTopic": f"{name}-dlq"},
         worker={"image": PROJECT_IMAGE},
         reconciliation={
             "schedule": "0 0 1 1 *",
@@ -122,7 +123,6 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
             "spark": {"image": PROJECT_IMAGE, "executors": 2, "master": "k8s"},
         },
     )
-    body["spec"]["kafka"].update(outputTopic=f"{name}-out", deadLetterTopic=f"{name}-dlq")
     spec = PipelineSpec.parse(name, ns, body["spec"])
     owner = Owner(name=name, namespace=ns, uid="none")
     core: Any = client.CoreV1Api(api)
