@@ -121,8 +121,11 @@ def _shared(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) ->
     me = shared_kafka.claims_of(body)
     if me is None:
         return None
-    others = (shared_kafka.claims_of(o) for o in kube.pipelines(settings.namespaces))
-    return shared_kafka.shared_with_older(me, [o for o in others if o is not None])
+    others = _CLAIMS.claims(kube.pipelines(settings.namespaces))
+    return shared_kafka.shared_with_older(me, others)
+
+
+_CLAIMS = shared_kafka.ClaimsMemo()  # the watched pipelines' claims, between passes
 
 
 def _partition_leases(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dedup_contract import names
-from dedup_operator.shared_kafka import claims_of, cluster_of, shared_with_older
+from dedup_operator.shared_kafka import ClaimsMemo, claims_of, cluster_of, shared_with_older
 
 
 def body(ns: str, name: str, created: str, **kafka: str) -> dict[str, Any]:
@@ -100,3 +100,38 @@ def test_a_pipeline_being_deleted_or_without_kafka_holds_nothing() -> None:
     assert claims_of(gone) is None
     assert claims_of({"metadata": {"name": "x", "namespace": "y"}, "spec": {}}) is None
     assert verdict(body("analytics", "events", NEW), gone) is None
+
+
+def versioned(b: dict[str, Any], version: str) -> dict[str, Any]:
+    return {**b, "metadata": {**b["metadata"], "resourceVersion": version}}
+
+
+def test_the_memo_gives_what_claims_of_gives() -> None:
+    bodies = [versioned(body("a", f"p{i}", OLD), str(i + 1)) for i in range(5)]
+    deleted = versioned(body("a", "gone", OLD), "9")
+    deleted["metadata"]["deletionTimestamp"] = NEW
+    memo = ClaimsMemo()
+    expected = [claims_of(b) for b in bodies]
+    assert memo.claims([*bodies, deleted]) == expected
+    assert memo.claims([*bodies, deleted]) == expected
+
+
+def test_the_memo_reads_a_pipeline_again_only_at_a_new_resource_version() -> None:
+    memo = ClaimsMemo()
+    first = versioned(body("a", "p", OLD), "7")
+    assert [c.output_topic for c in memo.claims([first])] == ["a-p-out"]
+    # the same version with another body: not read again (the API server never serves it)
+    same_version = versioned(body("a", "p", OLD, outputTopic="other"), "7")
+    assert [c.output_topic for c in memo.claims([same_version])] == ["a-p-out"]
+    changed = versioned(body("a", "p", OLD, outputTopic="other"), "8")
+    assert [c.output_topic for c in memo.claims([changed])] == ["other"]
+
+
+def test_the_memo_forgets_pipelines_gone_and_reads_unversioned_bodies_each_time() -> None:
+    memo = ClaimsMemo()
+    memo.claims([versioned(body("a", "p", OLD), "7")])
+    assert memo.claims([]) == []
+    unversioned = body("a", "q", OLD)
+    assert [c.name for c in memo.claims([unversioned])] == ["q"]
+    unversioned["spec"]["kafka"]["outputTopic"] = "moved"
+    assert [c.output_topic for c in memo.claims([unversioned])] == ["moved"]
