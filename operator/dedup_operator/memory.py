@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from dedup_contract.lease_clock import ContinuousView, LeaseClock
-from dedup_operator.observed import lease_view
+from dedup_operator.observed import observe_lease
 from dedup_operator.status import ScrapedCounters
 from dedup_operator.topics import TopicCheck
 
@@ -136,7 +136,7 @@ class LeaseWatch:
         """A node heartbeat or partition Lease as the watch delivers it: its renewal noted
         on the Lease clock when it happens, not at the next pass (up to an interval later,
         which would be added to every node-loss and expiry judgement)."""
-        lease_view(lease, self.lease_clock)
+        observe_lease(lease, self.lease_clock)
 
     def heartbeats_watched_for(self, watched_since: float | None) -> timedelta:
         """How long the heartbeats have been seen without a gap, counting this read;

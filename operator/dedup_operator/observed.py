@@ -173,20 +173,40 @@ def lease_view(lease: Obj, clock: LeaseClock | None = None) -> LeaseView:
     sight. renewTime is never compared with the operator's wall clock."""
     spec = lease.get("spec") or {}
     meta = _meta(lease)
-    holder = spec.get("holderIdentity") or None
-    renew = parse_time(spec.get("renewTime"))
+    stamp = _lease_stamp(spec, meta)
     duration_s = int(spec.get("leaseDurationSeconds") or 0)
     unchanged_s = 0.0
     if clock is not None:
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        unchanged_s = clock.observe(key, LeaseStamp(holder, renew, meta.get("resourceVersion")))
+        unchanged_s = clock.observe(_lease_key(meta), stamp)
     return LeaseView(
-        holder=holder,
+        holder=stamp.holder,
         epoch=int(spec.get("leaseTransitions") or 0),
         duration=timedelta(seconds=duration_s),
         unchanged_for=timedelta(seconds=unchanged_s),
-        free=is_free(holder, renew, parse_time(spec.get("acquireTime")), duration_s),
+        free=is_free(
+            stamp.holder, stamp.renew_time, parse_time(spec.get("acquireTime")), duration_s
+        ),
         resource_version=meta.get("resourceVersion"),
+    )
+
+
+def observe_lease(lease: Obj, clock: LeaseClock) -> None:
+    """The Lease noted on `clock` as `lease_view` notes it, without the view: what the
+    watches call at each renewal (200 a second at 1,000 partitions)."""
+    meta = _meta(lease)
+    clock.observe(_lease_key(meta), _lease_stamp(lease.get("spec") or {}, meta))
+
+
+def _lease_key(meta: Obj) -> tuple[str, str]:
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _lease_stamp(spec: Obj, meta: Obj) -> LeaseStamp:
+    """One renewal of the Lease (lease_clock.LeaseStamp): the one rule of what a change is."""
+    return LeaseStamp(
+        spec.get("holderIdentity") or None,
+        parse_time(spec.get("renewTime")),
+        meta.get("resourceVersion"),
     )
 
 

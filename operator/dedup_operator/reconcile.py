@@ -224,13 +224,23 @@ def watch_leases(kube: Kube, namespace: str, name: str, watch: LeaseWatch) -> No
     heartbeats only to remember when each changed (the Lease clock and the unbroken
     view), acting on nothing. A standby that becomes leader then judges a Lease with the
     history it has watched instead of starting from zero and waiting a full duration (as
-    client-go's standby candidates keep observing the leader Lease)."""
-    for lease in kube.leases(namespace, name).values():
-        lease_view(lease, watch.lease_clock)
+    client-go's standby candidates keep observing the leader Lease).
+
+    What a synced watch follows is on the clock already (the caches note each renewal as
+    it arrives): the pass reads only what was listed (no watch: its renewals are seen
+    here) and the nodes without a heartbeat (their Ready condition's changes). Reading
+    every node's heartbeat again in every pipeline's pass cost the standby as much CPU
+    as the leader at 100 pipelines on 50 nodes."""
+    if kube.leases_watched_since(namespace) is None:
+        for lease in kube.leases(namespace, name).values():
+            lease_view(lease, watch.lease_clock)
     heartbeats = kube.node_leases()
     if heartbeats is None:
         return
-    watched_for = watch.heartbeats_watched_for(kube.heartbeats_watched_since())
+    since = kube.heartbeats_watched_since()
+    watched_for = watch.heartbeats_watched_for(since)
     for node in kube.nodes():
         heartbeat = heartbeats.get(node["metadata"]["name"])
+        if heartbeat is not None and since is not None:
+            continue  # followed by the watch
         node_view(node, heartbeat, watch.lease_clock, None, watched_for)
