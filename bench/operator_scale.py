@@ -5,9 +5,10 @@
 
 One invocation, on a real control plane (etcd, kube-apiserver, every controller) and a
 real Kafka broker (the topic checks), with `dedup_local.kubelet_simulation.Kubelets`
-playing the kubelets and the workers (named as a simulation: nodes heartbeat, worker
-pods are reported Running and Ready, each worker renews its Lease by the worker's rule;
-no /metrics is served, so the status counters stay empty):
+playing the kubelets and the workers (named as a simulation: nodes renew their heartbeat
+Leases every 10 s and report status every 60 s, worker pods are reported Running and
+Ready, each worker renews its Lease by the worker's rule; no /metrics is served, so the
+status counters stay empty):
 
 1. **Baseline**: a plain script creates what the operator creates for the same
    partitions (a PVC, a Lease and a pod each; a Service and a PodDisruptionBudget per
@@ -65,7 +66,10 @@ OPERATOR_SA = "dedup-operator"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
 TARGET_APPLY_RATIO, TARGET_CPU, TARGET_RSS_MIB, TARGET_CROWDED_S = 1.5, 0.05, 256, 30.0
 LEADER_LEASE_S = 15  # the chart's default
-HEARTBEAT_S = 2.0  # each simulated node's status report (nodeLostAfter is 20 s)
+# each simulated node as a kubelet: its heartbeat Lease renewed every 10 s (the kubelet's
+# default; the operator judges a node lost when it is unchanged for nodeLostAfter, 20 s),
+# its status reported every 60 s (a kubelet with a Lease: on a change, else every 5 min)
+NODE_LEASE_S, HEARTBEAT_S = 10.0, 60.0
 
 
 def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
@@ -405,6 +409,7 @@ def main() -> int:
                 "dedup.io/bench-baseline",
                 cpus=cpus,
                 heartbeat_s=HEARTBEAT_S,
+                node_lease_s=NODE_LEASE_S,
             ) as base:
                 for name in pipelines:
                     base.create_volumes(name, args.partitions)
@@ -415,7 +420,15 @@ def main() -> int:
             )
         nodes = [f"node-{n}" for n in range(args.nodes)]
         kubelets = stack.enter_context(
-            Kubelets(admin, NAMESPACE, nodes, "dedup.io/bench", cpus=cpus, heartbeat_s=HEARTBEAT_S)
+            Kubelets(
+                admin,
+                NAMESPACE,
+                nodes,
+                "dedup.io/bench",
+                cpus=cpus,
+                heartbeat_s=HEARTBEAT_S,
+                node_lease_s=NODE_LEASE_S,
+            )
         )
         for name in pipelines:
             kubelets.create_volumes(name, args.partitions)

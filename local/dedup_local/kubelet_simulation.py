@@ -10,8 +10,13 @@ leaseTransitions below our epoch; `dedup_contract.lease_clock`). `taken` records
 each Lease was first renewed at each epoch (a replacement's first renewal).
 
 As the real parts do, each worker renews its Lease every third of its duration
-(`lease_clock.LeaseTiming`), one request each, and a node heartbeats every
-`heartbeat_s` (each step when 0, for the tests' 3-second timings). A step reads the pods
+(`lease_clock.LeaseTiming`), one request each, and a node reports its status every
+`heartbeat_s` (each step when 0, for the tests' 3-second timings). With `node_lease_s`
+a node also renews its heartbeat Lease in kube-node-lease that often, as a kubelet does
+(every 10 s, a quarter of its 40 s duration), and the operator judges the node by it
+(its production path); without, by the Ready condition (where that Lease cannot be
+read). A lost node stops both, and is reported NotReady at once: what the node
+lifecycle controller would say only after its grace period. A step reads the pods
 and Leases from watches (the operator's `cache.WatchedKind`; its own renewals held at
 once), as a kubelet and a worker follow theirs: listing a thousand of each twice a
 second was most of the API server's work in the bench. It does not serve /metrics.
@@ -33,11 +38,15 @@ from kubernetes.client.exceptions import ApiException
 from dedup_contract import lease_clock, names
 from dedup_contract.timefmt import format_micro_time, format_time, parse_time
 from dedup_operator.cache import WatchedKind
+from dedup_operator.kube import NODE_LEASE_NAMESPACE
 
 
 def _items(response: Any) -> list[dict[str, Any]]:
     """A list call's items as raw JSON (no client models: a step lists a thousand)."""
     return list(json.loads(response.data).get("items") or [])
+
+
+NODE_LEASE_DURATION_S = 40  # the kubelet's default (nodeLeaseDurationSeconds)
 
 
 def _now() -> str:
@@ -55,6 +64,7 @@ class Kubelets:
         label: str,
         cpus: int = 8,  # each node's capacity (a worker requests 500m by default)
         heartbeat_s: float = 0.0,  # between a node's status reports (0: every step)
+        node_lease_s: float | None = None,  # between heartbeat Lease renewals (None: none)
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.leases = client.CoordinationV1Api(api)
@@ -74,6 +84,8 @@ class Kubelets:
         self.step_seconds: list[float] = []  # how long each step took
         self.heartbeat_s = heartbeat_s
         self._reported: dict[str, float] = {}  # node -> monotonic time of its last report
+        self.node_lease_s = node_lease_s
+        self._beat: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
         self._renewed: dict[str, float] = {}  # pod -> monotonic time of its last renewal
         worker = f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
         self._pods = WatchedKind(
@@ -113,6 +125,27 @@ class Kubelets:
                 client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={self.label: "yes"}))
             )
             self._report(name, True, transition=True)
+            if self.node_lease_s is not None:
+                self._heartbeat(name, create=True)
+
+    def _heartbeat(self, node: str, create: bool = False) -> None:
+        """The node's Lease in kube-node-lease renewed (created), as its kubelet does."""
+        now = format_micro_time(datetime.now(UTC))
+        if create:
+            lease: Any = {
+                "metadata": {"name": node, "namespace": NODE_LEASE_NAMESPACE},
+                "spec": {
+                    "holderIdentity": node,
+                    "leaseDurationSeconds": NODE_LEASE_DURATION_S,
+                    "renewTime": now,
+                },
+            }
+            self.leases.create_namespaced_lease(NODE_LEASE_NAMESPACE, lease)
+        else:
+            self.leases.patch_namespaced_lease(
+                node, NODE_LEASE_NAMESPACE, {"spec": {"renewTime": now}}
+            )
+        self._beat[node] = time.monotonic()
 
     def delete_nodes(self) -> None:
         for name in self.volumes:
@@ -121,6 +154,9 @@ class Kubelets:
         for name in self.nodes:
             with contextlib.suppress(ApiException):
                 self.core.delete_node(name)
+            if self.node_lease_s is not None:
+                with contextlib.suppress(ApiException):
+                    self.leases.delete_namespaced_lease(name, NODE_LEASE_NAMESPACE)
 
     def _report(self, node: str, ready: bool, transition: bool = False) -> None:
         capacity = {"cpu": str(self.cpus), "memory": f"{2 * self.cpus}Gi", "pods": "110"}
@@ -169,6 +205,10 @@ class Kubelets:
             if now - self._reported.get(node, float("-inf")) >= self.heartbeat_s:
                 self._report(node, True)
                 self._reported[node] = now
+            if self.node_lease_s is not None and (
+                now - self._beat.get(node, float("-inf")) >= self.node_lease_s
+            ):
+                self._heartbeat(node)
         # from the watches (a list while one is not in sync)
         held_pods = self._pods.items()
         pods = (
