@@ -112,14 +112,21 @@ class Wakeups:
     # --------------------------------------------------------- after each pass
     def rested(self, key: Key, rest: Rest, now: float) -> None:
         """`key`'s pass left it at rest: wake it when a node of its workers has been
-        silent for its nodeLostAfter (counted from the silence its pass judged)."""
+        silent for its nodeLostAfter (counted from the silence its pass judged, or from
+        the last heartbeat seen if that came later: a renewal between the pass's
+        judgement and its end would otherwise arm a timer that fires at the next
+        renewal's due time, a spurious pass whenever that renewal is late)."""
         self._leave(key)
         self._busy.discard(key)
         self._resting[key] = rest
         for node, silent in rest.nodes.items():
             self._on_node.setdefault(node, set()).add(key)
             if silent is not None:
-                self._arm(node, rest.lost_after_s, now + max(0.0, rest.lost_after_s - silent))
+                at = now + max(0.0, rest.lost_after_s - silent)
+                renewed = self._renewed.get(node)
+                if renewed is not None:  # a heartbeat seen after the pass judged the node
+                    at = max(at, renewed + rest.lost_after_s)
+                self._arm(node, rest.lost_after_s, at)
 
     def busy(self, key: Key) -> None:
         """`key`'s pass left something pending: it passes at its interval or sooner."""

@@ -90,6 +90,16 @@ def test_the_silence_a_pass_judged_counts_and_each_pipeline_waits_its_own_lost_a
     assert w.due(40.0) == {B}
 
 
+def test_a_heartbeat_seen_after_the_pass_judged_the_node_counts_from_itself() -> None:
+    w = Wakeups()
+    w.heartbeat("n1", 0.0)
+    w.heartbeat("n1", 10.0)  # renewed while the pass that judged it at 9.9 s was running
+    w.rested(A, Rest({"n1": 9.9}, 20.0), now=10.5)
+    assert w.due(21.0) == set(), "silent since 10 s, not since 0 s"
+    assert w.due(29.9) == set()
+    assert w.due(30.0) == {A}, "the next renewal (due at 20 s) never came"
+
+
 def test_events_wake_the_pipeline_they_concern_and_node_changes_those_resting_there() -> None:
     w = Wakeups()
     w.rested(A, Rest({"n1": 0.0}, 20.0), now=0.0)
