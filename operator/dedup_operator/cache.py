@@ -145,11 +145,16 @@ class WatchedKind:
             self._put(obj)
 
     def _put(self, obj: Obj) -> bool:
-        """Hold `obj` unless a later version is held (lock held); True if held."""
+        """Hold `obj` unless a later version is held (lock held); True if held. Held
+        without its `metadata.managedFields`, which nothing here reads: a pod's are
+        about half its JSON, and the watches hold every worker's pod, claim and Lease."""
         key = self._key(obj)
         held = self._items.get(key)
         if held is not None and newer(held, obj):
             return False
+        meta = obj.get("metadata")
+        if isinstance(meta, dict):
+            meta.pop("managedFields", None)
         if held is not None:
             self._ungroup(key, held)
         self._items[key] = obj

@@ -131,6 +131,34 @@ def test_events_move_objects_between_groups_and_deletions_remove_them() -> None:
         kind.stop()
 
 
+def test_objects_are_held_without_their_managed_fields() -> None:
+    fields = [{"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    listed = lease("ns", "a-p0", "a", 5)
+    listed["metadata"]["managedFields"] = fields
+    changed = lease("ns", "a-p1", "a", 11)
+    changed["metadata"]["managedFields"] = fields
+    server = ScriptedServer([listed], [("ADDED", changed)])
+    kind = watched(server)
+    kind.start()
+    try:
+        assert kind.wait_synced(5)
+        server.before_events.set()
+        assert server.streamed.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "a-p1" not in (kind.select(("ns", "a")) or {}):
+            time.sleep(0.01)
+        held = kind.select(("ns", "a")) or {}
+        assert sorted(held) == ["a-p0", "a-p1"]
+        assert all("managedFields" not in o["metadata"] for o in held.values())
+        written = lease("ns", "a-p2", "a", 20)
+        written["metadata"]["managedFields"] = fields
+        kind.wrote(written)
+        assert "managedFields" not in (kind.get("ns/a-p2")[1] or {})["metadata"]
+        assert held["a-p0"]["metadata"]["resourceVersion"] == "5"  # the rest kept
+    finally:
+        kind.stop()
+
+
 def test_the_operators_write_is_seen_at_once_and_an_older_event_does_not_undo_it() -> None:
     server = ScriptedServer(
         [lease("ns", "a-p0", "a", 5)],
