@@ -38,6 +38,7 @@ lease durations after the kill, 0 spurious handovers.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -208,17 +209,18 @@ def audit_in(cp: ControlPlane, since: datetime, until: datetime) -> list[dict[st
     return out
 
 
-def passes_and_wakes(metrics: str) -> tuple[float, float]:
+def passes_and_wakes(metrics: str) -> tuple[float, Counter[str]]:
     """The operator's passes (every pipeline, every result) and the passes a change
-    called for (`dedup_operator_passes_woken_total`), from its /metrics."""
-    totals = [0.0, 0.0]
+    called for by what called for them (`dedup_operator_passes_woken_total`'s kind),
+    from its /metrics."""
+    passes, woken = 0.0, Counter[str]()
     for line in metrics.splitlines():
-        for i, name in enumerate(
-            ("dedup_operator_reconciles_total{", "dedup_operator_passes_woken_total{")
-        ):
-            if line.startswith(name):
-                totals[i] += float(line.rsplit(" ", 1)[1])
-    return totals[0], totals[1]
+        if line.startswith("dedup_operator_reconciles_total{"):
+            passes += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dedup_operator_passes_woken_total{"):
+            kind = re.search(r'kind="([^"]*)"', line)
+            woken[kind.group(1) if kind else "?"] += float(line.rsplit(" ", 1)[1])
+    return passes, woken
 
 
 def steady(
@@ -256,7 +258,7 @@ def steady(
         "lists": verbs.get("list", 0),
         "status_writes_per_s": status_writes / elapsed,
         "passes_per_s": (passes1 - passes0) / elapsed,
-        "woken_per_s": (woken1 - woken0) / elapsed,
+        "woken_per_s": {k: (n - woken0[k]) / elapsed for k, n in woken1.items() if n > woken0[k]},
         "host_cpu": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
         "round_s": (statistics.median(rounds), max(rounds)) if rounds else (0.0, 0.0),
     }
@@ -478,11 +480,13 @@ def main() -> int:
         s = steady(cp, op, pid, kubelets, args.steady_s)
         verbs = ", ".join(f"{v} {r:.2f}/s" for v, r in s["requests_per_s"].items())
         saturated = s["host_cpu"] > 0.9 or s["round_s"][1] > 5.0
+        woken = sum(s["woken_per_s"].values())
+        causes = ", ".join(f"{k} {r:.2f}/s" for k, r in sorted(s["woken_per_s"].items()))
         print(
             f"steady ({s['seconds']:.0f}s): operator CPU {s['cpu_share']:.1%} of a core (target <= {TARGET_CPU:.0%}), "
             f"peak RSS {s['rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB}), requests {verbs}; list calls {s['lists']}; "
             f"status writes {s['status_writes_per_s']:.2f}/s; passes {s['passes_per_s']:.2f}/s (woken by a change "
-            f"{s['woken_per_s']:.2f}/s); host CPU {s['host_cpu']:.0%}; simulation rounds "
+            f"{woken:.2f}/s{': ' + causes if causes else ''}); host CPU {s['host_cpu']:.0%}; simulation rounds "
             f"median {s['round_s'][0]:.2f}s max {s['round_s'][1]:.2f}s{' (SATURATED)' if saturated else ''}",
             flush=True,
         )
