@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dedup_operator.cache import WatchedKind, by_namespace_and_name, newer
@@ -59,6 +60,14 @@ class ScriptedServer:
         )
         self.streamed.set()
         return Response(lines)
+
+
+def soon(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until `done()` (the watch thread applies the scripted events), at most
+    `timeout_s`; the test's asserts then say what is wrong."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.01)
 
 
 def pipeline_of(obj: dict[str, Any]) -> tuple[str, str] | None:
@@ -118,9 +127,7 @@ def test_events_move_objects_between_groups_and_deletions_remove_them() -> None:
         assert kind.wait_synced(5)
         server.before_events.set()
         assert server.streamed.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and "a-p2" not in (kind.select(("ns", "a")) or {}):
-            time.sleep(0.01)
+        soon(lambda: "a-p2" in (kind.select(("ns", "a")) or {}))
         assert sorted(kind.select(("ns", "a")) or {}) == ["a-p2"]
         assert sorted(kind.select(("ns", "b")) or {}) == ["a-p1"]
         assert seen == ["a-p0", "a-p1", "a-p1", "a-p2"]  # listed, then as changed
@@ -144,9 +151,7 @@ def test_objects_are_held_without_their_managed_fields() -> None:
         assert kind.wait_synced(5)
         server.before_events.set()
         assert server.streamed.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and "a-p1" not in (kind.select(("ns", "a")) or {}):
-            time.sleep(0.01)
+        soon(lambda: "a-p1" in (kind.select(("ns", "a")) or {}))
         held = kind.select(("ns", "a")) or {}
         assert sorted(held) == ["a-p0", "a-p1"]
         assert all("managedFields" not in o["metadata"] for o in held.values())
@@ -179,12 +184,11 @@ def test_the_operators_write_is_seen_at_once_and_an_older_event_does_not_undo_it
         assert "a-p9" in held
         server.before_events.set()
         assert server.streamed.wait(5)
-        deadline = time.monotonic() + 5
-        while (
-            time.monotonic() < deadline
-            and (kind.get("ns/a-p0")[1] or {}).get("metadata", {}).get("resourceVersion") != "30"
-        ):
-            time.sleep(0.01)
+        soon(
+            lambda: (
+                (kind.get("ns/a-p0")[1] or {}).get("metadata", {}).get("resourceVersion") == "30"
+            )
+        )
         assert (kind.get("ns/a-p0")[1] or {})["spec"]["holderIdentity"] == "w2"
         assert seen == ["a-p0", "a-p0"]  # the older event was not taken, nor told
     finally:
@@ -214,9 +218,7 @@ def test_a_deletion_does_not_undo_an_object_made_again_since() -> None:
         kind.wrote(lease("ns", "a-p0", "a", 30, holder="again"))  # made again by the operator
         server.before_events.set()
         assert server.streamed.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and "a-p1" not in (kind.select(("ns", "a")) or {}):
-            time.sleep(0.01)
+        soon(lambda: "a-p1" in (kind.select(("ns", "a")) or {}))
         held = kind.select(("ns", "a")) or {}
         assert sorted(held) == ["a-p0", "a-p1"]
         assert held["a-p0"]["spec"]["holderIdentity"] == "again"
@@ -252,9 +254,7 @@ def test_events_are_told_with_what_was_held_and_an_echo_of_our_write_is_not() ->
         kind.wrote(lease("ns", "a-p0", "a", 11, holder="x"))
         server.before_events.set()
         assert server.streamed.wait(5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(told) < 3:
-            time.sleep(0.01)
+        soon(lambda: len(told) >= 3)
     finally:
         kind.stop()
     assert told == [("SYNCED", None, None), ("MODIFIED", "11", "12"), ("DELETED", "12", "13")]
