@@ -50,7 +50,8 @@ _Key = tuple[str, tuple[tuple[str, str], ...]]
 class SharedAdmins:
     """One AdminClient per (bootstrap, client settings), shared by the checks of every
     pipeline that has them; thread-safe (passes run on a pool; librdkafka's handle is
-    thread-safe). `open` makes a client and its log hook (injected in tests)."""
+    thread-safe). `open_client` makes a client with its log hook (a stand-in in unit
+    tests)."""
 
     def __init__(
         self,
@@ -65,7 +66,7 @@ class SharedAdmins:
         self._lock = threading.Lock()
         self._clients: dict[_Key, _Shared] = {}
         self._sweeper: threading.Thread | None = None
-        self.opened = 0  # clients made (read by tests and the bench)
+        self.opened = 0  # clients made (read by tests)
 
     @staticmethod
     def _key(bootstrap: str, settings: Mapping[str, str]) -> _Key:
