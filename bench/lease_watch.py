@@ -21,6 +21,7 @@ import resource
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import results as bench_results
 from kubernetes import client
@@ -70,11 +71,14 @@ def main() -> int:
     )
     with ControlPlane(with_controllers=False) as cp:
         api = cp.api_client()
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        namespace: Any = {
+            "metadata": {"name": NAMESPACE}
+        }  # raw JSON bodies: the client sends them as they are
+        client.CoreV1Api(api).create_namespace(namespace)
         leases = client.CoordinationV1Api(api)
         now = format_micro_time(datetime.now(UTC))
         for i in range(args.leases):
-            lease = {
+            lease: Any = {
                 "metadata": {"name": f"l{i}", "labels": {"dedup.io/pipeline": f"p{i // 10}"}},
                 "spec": {
                     "holderIdentity": f"w{i}",

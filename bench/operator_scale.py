@@ -43,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,11 +209,11 @@ def audit_in(cp: ControlPlane, since: datetime, until: datetime) -> list[dict[st
     return out
 
 
-def passes_and_wakes(metrics: str) -> tuple[float, Counter[str]]:
+def passes_and_wakes(metrics: str) -> tuple[float, dict[str, float]]:
     """The operator's passes (every pipeline, every result) and the passes a change
     called for by what called for them (`dedup_operator_passes_woken_total`'s kind),
     from its /metrics."""
-    passes, woken = 0.0, Counter[str]()
+    passes, woken = 0.0, defaultdict[str, float](float)
     for line in metrics.splitlines():
         if line.startswith("dedup_operator_reconciles_total{"):
             passes += float(line.rsplit(" ", 1)[1])
@@ -258,7 +258,11 @@ def steady(
         "lists": verbs.get("list", 0),
         "status_writes_per_s": status_writes / elapsed,
         "passes_per_s": (passes1 - passes0) / elapsed,
-        "woken_per_s": {k: (n - woken0[k]) / elapsed for k, n in woken1.items() if n > woken0[k]},
+        "woken_per_s": {
+            k: (n - woken0.get(k, 0.0)) / elapsed
+            for k, n in woken1.items()
+            if n > woken0.get(k, 0.0)
+        },
         "host_cpu": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
         "round_s": (statistics.median(rounds), max(rounds)) if rounds else (0.0, 0.0),
     }
