@@ -71,9 +71,8 @@ def main() -> int:
     )
     with ControlPlane(with_controllers=False) as cp:
         api = cp.api_client()
-        namespace: Any = {
-            "metadata": {"name": NAMESPACE}
-        }  # raw JSON bodies: the client sends them as they are
+        # raw JSON bodies (the client sends them as they are)
+        namespace: Any = {"metadata": {"name": NAMESPACE}}
         client.CoreV1Api(api).create_namespace(namespace)
         leases = client.CoordinationV1Api(api)
         now = format_micro_time(datetime.now(UTC))
