@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 import sys
 import time
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from typing import Any
 
 import results as bench_results
 from kubernetes import client
+from worker_throughput import cpu_seconds
 
 from dedup_contract import kube_client
 from dedup_contract.lease_clock import LeaseClock
@@ -49,11 +49,6 @@ def renew_forever(kubeconfig: str, count: int, rate: float) -> None:
         ahead = t0 + i / rate - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)
-
-
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -104,9 +99,9 @@ def main() -> int:
         writer.start()
         try:
             time.sleep(5.0)  # the writer at its rate
-            cpu0, t0 = own_cpu_s(), time.monotonic()
+            cpu0, t0 = cpu_seconds(), time.monotonic()
             time.sleep(args.seconds)
-            share = (own_cpu_s() - cpu0) / (time.monotonic() - t0)
+            share = (cpu_seconds() - cpu0) / (time.monotonic() - t0)
         finally:
             writer.kill()
             writer.join()

@@ -38,7 +38,6 @@ lease durations after the kill, 0 spurious handovers.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -52,10 +51,12 @@ from typing import Any
 import results as bench_results
 import yaml
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 from worker_throughput import cpu_seconds, peak_rss_mib
 
 from dedup_contract import kube_client, names
 from dedup_contract.timefmt import parse_time
+from dedup_local.cluster.timings import ClusterTimings
 from dedup_local.control_plane import ControlPlane
 from dedup_local.kafka import KafkaBroker
 from dedup_local.kubelet_simulation import Kubelets, simulated_output, simulated_pipeline
@@ -70,7 +71,7 @@ LEADER_LEASE_S = 15  # the chart's default
 # each simulated node as a kubelet: its heartbeat Lease renewed every 10 s (the kubelet's
 # default; the operator judges a node lost when it is unchanged for nodeLostAfter, 20 s),
 # its status reported every 60 s (a kubelet with a Lease: on a change, else every 5 min)
-NODE_LEASE_S, HEARTBEAT_S = 10.0, 60.0
+NODE_LEASE_S, HEARTBEAT_S = ClusterTimings().node_lease_renew_s, 60.0
 
 
 def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
@@ -214,12 +215,14 @@ def passes_and_wakes(metrics: str) -> tuple[float, dict[str, float]]:
     called for by what called for them (`dedup_operator_passes_woken_total`'s kind),
     from its /metrics."""
     passes, woken = 0.0, defaultdict[str, float](float)
-    for line in metrics.splitlines():
-        if line.startswith("dedup_operator_reconciles_total{"):
-            passes += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dedup_operator_passes_woken_total{"):
-            kind = re.search(r'kind="([^"]*)"', line)
-            woken[kind.group(1) if kind else "?"] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):  # a counter's `_created` sample
+                continue
+            if family.name == "dedup_operator_reconciles":
+                passes += float(sample.value)
+            elif family.name == "dedup_operator_passes_woken":
+                woken[sample.labels.get("kind", "?")] += float(sample.value)
     return passes, woken
 
 

@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import lease_clock, names
 from dedup_contract.timefmt import format_micro_time, format_time, parse_time
+from dedup_local.cluster.timings import ClusterTimings
 from dedup_operator.cache import WatchedKind
 from dedup_operator.kube import NODE_LEASE_NAMESPACE
 
@@ -46,7 +47,7 @@ def _items(response: Any) -> list[dict[str, Any]]:
     return list(json.loads(response.data).get("items") or [])
 
 
-NODE_LEASE_DURATION_S = 40  # the kubelet's default (nodeLeaseDurationSeconds)
+NODE_LEASE_DURATION_S = ClusterTimings().node_lease_duration_s  # the kubelet's default
 
 
 def _now() -> str:
