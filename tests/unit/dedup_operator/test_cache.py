@@ -258,24 +258,3 @@ def test_events_are_told_with_what_was_held_and_an_echo_of_our_write_is_not() ->
     finally:
         kind.stop()
     assert told == [("SYNCED", None, None), ("MODIFIED", "11", "12"), ("DELETED", "12", "13")]
-
-
-def test_a_watch_tells_whether_its_connection_has_data_waiting() -> None:
-    """`_waiting`: what decides whether a watch sleeps GATHER_S for events to gather
-    (a local socket pair: no API server needed to tell data waiting from none)."""
-    import socket
-
-    from dedup_operator.cache import _socket_of, _waiting
-
-    ours, theirs = socket.socketpair()
-    try:
-        assert not _waiting(ours)
-        theirs.sendall(b'{"type": "MODIFIED"}\n')
-        assert _waiting(ours)
-        ours.recv(100)
-        assert not _waiting(ours)
-    finally:
-        ours.close()
-        theirs.close()
-    assert _waiting(ours), "closed: cannot be told, read at once"
-    assert _socket_of(Response(b"")) is None  # a scripted response: no gathering
