@@ -209,24 +209,32 @@ def _read_topics(
             False, "KafkaUnreachable", f"cannot read metadata of {input_topic}: {exc}"
         )
 
-    def configs(topic: str, keys: Sequence[str]) -> tuple[dict[str, str], str | None]:
-        resource = ConfigResource(ResourceType.TOPIC, topic)
-        try:
-            entries = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
-        except Exception as exc:  # authorization, timeout: said in the condition
-            return {}, str(exc) or type(exc).__name__
-        return {k: str(entries[k].value) for k in keys if k in entries}, None
+    # every topic's configs in one DescribeConfigs request (one future per topic)
+    asked = {
+        "output": (output_topic, OUTPUT_CONFIGS, outputs is not None),
+        "input": (input_topic, INPUT_CONFIGS, owned_topic is not None and inputs is not None),
+        "owned": (
+            owned_topic or "",
+            OWNED_CONFIGS,
+            owned_topic is not None and owned[0] is not None,
+        ),
+    }
+    wanted: dict[str, list[str]] = {}
+    for topic, keys, ask in asked.values():
+        if ask:
+            wanted.setdefault(topic, []).extend(keys)
+    read = _configs(admin, wanted, timeout_s)
 
-    input_config: dict[str, str] = {}
-    output_config: dict[str, str] = {}
-    owned_config: dict[str, str] = {}
-    input_error = output_error = owned_error = None
-    if outputs is not None:
-        output_config, output_error = configs(output_topic, OUTPUT_CONFIGS)
-    if owned_topic is not None and inputs is not None:
-        input_config, input_error = configs(input_topic, INPUT_CONFIGS)
-    if owned_topic is not None and owned[0] is not None:
-        owned_config, owned_error = configs(owned_topic, OWNED_CONFIGS)
+    def of(role: str) -> tuple[dict[str, str], str | None]:
+        topic, keys, ask = asked[role]
+        if not ask:
+            return {}, None
+        values, error = read[topic]
+        return {k: v for k, v in values.items() if k in keys}, error
+
+    output_config, output_error = of("output")
+    input_config, input_error = of("input")
+    owned_config, owned_error = of("owned")
     return TopicFacts(
         input_topic,
         inputs,
@@ -245,6 +253,30 @@ def _read_topics(
         owned_config_error=owned_error,
         owned_user_named=owned_user_named,
     )
+
+
+def _configs(
+    admin: AdminClient, wanted: Mapping[str, Sequence[str]], timeout_s: float
+) -> dict[str, tuple[dict[str, str], str | None]]:
+    """Each topic's configs named in `wanted`, asked in one request: (the values, None),
+    or ({}, why not) for a topic Kafka did not describe (authorization, a timeout: said
+    in the condition)."""
+    if not wanted:
+        return {}
+    resources = {topic: ConfigResource(ResourceType.TOPIC, topic) for topic in wanted}
+    try:
+        futures = admin.describe_configs(list(resources.values()))
+    except Exception as exc:
+        return {topic: ({}, str(exc) or type(exc).__name__) for topic in wanted}
+    read: dict[str, tuple[dict[str, str], str | None]] = {}
+    for topic, resource in resources.items():
+        try:
+            entries = futures[resource].result(timeout=timeout_s)
+        except Exception as exc:
+            read[topic] = ({}, str(exc) or type(exc).__name__)
+            continue
+        read[topic] = ({k: str(entries[k].value) for k in wanted[topic] if k in entries}, None)
+    return read
 
 
 def create_topic(
