@@ -7,8 +7,11 @@ One invocation, on a real control plane (etcd, kube-apiserver, every controller)
 real Kafka broker (the topic checks), with `dedup_local.kubelet_simulation.Kubelets`
 playing the kubelets and the workers (named as a simulation: nodes renew their heartbeat
 Leases every 10 s and report status every 60 s, worker pods are reported Running and
-Ready, each worker renews its Lease by the worker's rule; no /metrics is served, so the
-status counters stay empty):
+Ready once their volume is attached, each worker renews its Lease by the worker's rule;
+no /metrics is served, so the status counters stay empty). Volumes are CSI volumes of the
+local cluster's driver: the attach/detach controller attaches and detaches them through
+VolumeAttachments, which the local cluster's attacher rule marks attached (never on two
+nodes at once), so a crowded node's handover includes every volume's detach:
 
 1. **Baseline**: a plain script creates what the operator creates for the same
    partitions (a PVC, a Lease and a pod each; a Service and a PodDisruptionBudget per
@@ -72,6 +75,18 @@ LEADER_LEASE_S = 15  # the chart's default
 # default; the operator judges a node lost when it is unchanged for nodeLostAfter, 20 s),
 # its status reported every 60 s (a kubelet with a Lease: on a change, else every 5 min)
 NODE_LEASE_S, HEARTBEAT_S = ClusterTimings().node_lease_renew_s, 60.0
+
+
+def attached_volumes(api: client.ApiClient, namespace: str) -> dict[str, str]:
+    """The namespace's claims' volumes attached, by VolumeAttachment: volume -> node."""
+    listed = client.StorageV1Api(api).list_volume_attachment()
+    return {
+        va.spec.source.persistent_volume_name: va.spec.node_name
+        for va in listed.items
+        if va.status is not None
+        and va.status.attached
+        and (va.spec.source.persistent_volume_name or "").startswith(f"{namespace}-")
+    }
 
 
 def wait_until(probe: Any, timeout_s: float, what: str, every: float = 1.0) -> float:
@@ -271,9 +286,12 @@ def steady(
     }
 
 
-def crowded_node(api: client.ApiClient, kubelets: Kubelets) -> tuple[str, int, list[float]]:
+def crowded_node(
+    api: client.ApiClient, kubelets: Kubelets
+) -> tuple[str, int, list[float], tuple[int, int]]:
     """Kill the node carrying the most pipelines; seconds from the kill to each of its
-    workers' replacement's first Lease renewal at its new epoch."""
+    workers' replacement's first Lease renewal at its new epoch; (of the volumes attached
+    to the node before, how many, how many are attached to another node after)."""
     pods: list[Any] = (
         client.CoreV1Api(api)
         .list_namespaced_pod(
@@ -298,6 +316,7 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets) -> tuple[str, int, l
         for p in by_node[node]
     ]
     pipelines = len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[node]})
+    held = [v for v, n in attached_volumes(api, NAMESPACE).items() if n == node]
     t0 = time.monotonic()
     kubelets.lose(node)
     wait_until(
@@ -306,11 +325,10 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets) -> tuple[str, int, l
         "every replacement renewing",
         every=0.5,
     )
-    return (
-        node,
-        pipelines,
-        sorted(kubelets.taken[(lease, epoch + 1)] - t0 for lease, epoch in victims),
-    )
+    took = sorted(kubelets.taken[(lease, epoch + 1)] - t0 for lease, epoch in victims)
+    now_on = attached_volumes(api, NAMESPACE)
+    moved = sum(1 for v in held if now_on.get(v) not in (None, node))
+    return node, pipelines, took, (len(held), moved)
 
 
 def handover_steps(api: client.ApiClient) -> dict[str, float]:
@@ -419,6 +437,7 @@ def main() -> int:
                 cpus=cpus,
                 heartbeat_s=HEARTBEAT_S,
                 node_lease_s=NODE_LEASE_S,
+                attach_volumes=True,
             ) as base:
                 for name in pipelines:
                     base.create_volumes(name, args.partitions)
@@ -437,6 +456,7 @@ def main() -> int:
                 cpus=cpus,
                 heartbeat_s=HEARTBEAT_S,
                 node_lease_s=NODE_LEASE_S,
+                attach_volumes=True,
             )
         )
         for name in pipelines:
@@ -481,7 +501,10 @@ def main() -> int:
             else ""
         )
         print(
-            f"operator: apply -> all {total:,} partitions Ready {apply_s:.1f}s{ratio}", flush=True
+            f"operator: apply -> all {total:,} partitions Ready {apply_s:.1f}s{ratio}; "
+            f"{len(attached_volumes(admin, NAMESPACE)):,} volumes attached through "
+            "VolumeAttachments",
+            flush=True,
         )
         pid = op.operator_pid()
         s = steady(cp, op, pid, kubelets, args.steady_s)
@@ -502,11 +525,12 @@ def main() -> int:
             + ", ".join(f"{k} {r:.2f}/s" for k, r in s["by_resource"].items()),
             flush=True,
         )
-        node, crowd, took = crowded_node(admin, kubelets)
+        node, crowd, took, (held, moved) = crowded_node(admin, kubelets)
         print(
             f"crowded node {node} ({len(took)} partitions of {crowd} pipelines) killed: replacements' first "
             f"renewals {took[0]:.1f} / {statistics.median(took):.1f} / {took[-1]:.1f}s (min/median/max; "
-            f"target every one <= {TARGET_CROWDED_S:.0f}s)",
+            f"target every one <= {TARGET_CROWDED_S:.0f}s); its {held} volumes detached, "
+            f"{moved} attached to another node",
             flush=True,
         )
         wait_until(lambda: "ready" in handover_steps(admin), 60, "the handovers recorded")

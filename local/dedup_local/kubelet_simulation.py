@@ -21,6 +21,18 @@ and Leases from watches (the operator's `cache.WatchedKind`; its own renewals he
 once), as a kubelet and a worker follow theirs: listing a thousand of each twice a
 second was most of the API server's work in the bench. It does not serve /metrics.
 `step_seconds` says how long each step took.
+
+With `attach_volumes` the volumes go the way the local cluster's do: each is a CSI volume
+of its driver (attachRequired), each node is managed by the attach/detach controller
+(the kubelet's annotation), that controller (in kube-controller-manager) makes a
+VolumeAttachment for each scheduled pod's volume and deletes it once the pod is gone,
+an attacher plays the external-attacher's role (`dedup_local.cluster.attacher`: marks
+it attached only while no other node holds the volume, and lets it go on deletion), and
+a pod is reported Running only once its volume is attached to its node, as a kubelet
+waits for it. A crowded node's handover then includes the detach of every volume. What
+still differs from a kubelet: no `volumesInUse` is reported, so the controller detaches
+as soon as a pod is gone (on a real lost node, only once the node is tainted
+out-of-service, which the operator does before deleting the pods).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -37,6 +50,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import lease_clock, names
 from dedup_contract.timefmt import format_micro_time, format_time, parse_time
+from dedup_local.cluster.attacher import DRIVER, Attacher
 from dedup_local.cluster.timings import ClusterTimings
 from dedup_operator.cache import WatchedKind
 from dedup_operator.kube import NODE_LEASE_NAMESPACE
@@ -48,6 +62,7 @@ def _items(response: Any) -> list[dict[str, Any]]:
 
 
 NODE_LEASE_DURATION_S = ClusterTimings().node_lease_duration_s  # the kubelet's default
+CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
 
 
 def _now() -> str:
@@ -66,6 +81,7 @@ class Kubelets:
         cpus: int = 8,  # each node's capacity (a worker requests 500m by default)
         heartbeat_s: float = 0.0,  # between a node's status reports (0: every step)
         node_lease_s: float | None = None,  # between heartbeat Lease renewals (None: none)
+        attach_volumes: bool = False,  # CSI volumes through VolumeAttachments (above)
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.leases = client.CoordinationV1Api(api)
@@ -98,6 +114,16 @@ class Kubelets:
         self._leases = WatchedKind(
             f"simulated leases in {namespace}", self.leases.list_namespaced_lease, namespace
         )
+        self.attach_volumes = attach_volumes
+        self._claims: dict[str, str] = {}  # claim -> its PersistentVolume
+        self._attacher = Attacher(api, pool=Path("/nonexistent"), poll_s=1.0)
+        self._attach_wanted = threading.Event()
+        self._attachments = WatchedKind(
+            "simulated volume attachments",
+            client.StorageV1Api(api).list_volume_attachment,
+            on_event=lambda *_: self._attach_wanted.set(),
+        )
+        self._attach_thread = threading.Thread(target=self._attach_forever, daemon=True)
 
     def create_volumes(self, pipeline: str, partitions: int) -> None:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
@@ -112,18 +138,27 @@ class Kubelets:
                     "capacity": {"storage": "10Gi"},
                     "accessModes": ["ReadWriteOnce"],
                     "storageClassName": "",
-                    "hostPath": {"path": f"/tmp/{self.namespace}/{claim}"},
                     "claimRef": {"namespace": self.namespace, "name": claim},
                     "persistentVolumeReclaimPolicy": "Delete",
                 },
             }
+            if self.attach_volumes:
+                volume["spec"]["csi"] = {"driver": DRIVER, "volumeHandle": name}
+            else:
+                volume["spec"]["hostPath"] = {"path": f"/tmp/{self.namespace}/{claim}"}
             self.core.create_persistent_volume(volume)
             self.volumes.append(name)
+            self._claims[claim] = name
 
     def create_nodes(self) -> None:
+        annotations = {CONTROLLER_MANAGED: "true"} if self.attach_volumes else None
         for name in self.nodes:
             self.core.create_node(
-                client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={self.label: "yes"}))
+                client.V1Node(
+                    metadata=client.V1ObjectMeta(
+                        name=name, labels={self.label: "yes"}, annotations=annotations
+                    )
+                )
             )
             self._report(name, True, transition=True)
             if self.node_lease_s is not None:
@@ -229,6 +264,7 @@ class Kubelets:
                 self.leases.list_namespaced_lease(self.namespace, _preload_content=False)
             )
             leases = {lease["metadata"]["name"]: lease for lease in listed}
+        attached = self._attached_now() if self.attach_volumes else set()
         for pod in pods:
             meta, status = pod["metadata"], pod.get("status") or {}
             if (pod.get("spec") or {}).get("nodeName") not in self.up:
@@ -238,6 +274,8 @@ class Kubelets:
                 self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
                 continue
             if status.get("phase") != "Running":
+                if not self._attached(pod, attached):
+                    continue  # the kubelet waits for its volume
                 self.core.patch_namespaced_pod_status(
                     name,
                     self.namespace,
@@ -251,6 +289,43 @@ class Kubelets:
                     },
                 )
             self._hold_lease(pod, leases)
+
+    def _attached_now(self) -> set[tuple[str, str]]:
+        """(volume, node) of every VolumeAttachment attached and not being deleted."""
+        held = self._attachments.items() or {}
+        return {
+            (va["spec"]["source"].get("persistentVolumeName"), va["spec"]["nodeName"])
+            for va in held.values()
+            if (va.get("status") or {}).get("attached")
+            and not va["metadata"].get("deletionTimestamp")
+        }
+
+    def _attached(self, pod: dict[str, Any], attached: set[tuple[str, str]]) -> bool:
+        """Every volume of the pod's claims is attached to its node (always, without
+        `attach_volumes`)."""
+        if not self.attach_volumes:
+            return True
+        node = pod["spec"]["nodeName"]
+        for volume in pod["spec"].get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim is not None and (self._claims.get(claim), node) not in attached:
+                return False
+        return True
+
+    def _attach_forever(self) -> None:
+        """The external-attacher's role, woken by each VolumeAttachment event (and every
+        second): the local cluster's rule over the attachments the watch holds."""
+        while not self._stop.is_set():
+            self._attach_wanted.wait(1.0)
+            self._attach_wanted.clear()
+            held = self._attachments.items()
+            if held is None:
+                continue
+            try:
+                self._attacher.attach(list(held.values()))
+            except ApiException as exc:
+                if exc.status not in (404, 409, 422):
+                    self.errors.append(f"attacher: {exc.status} {exc.reason}")
 
     def _hold_lease(self, pod: dict[str, Any], leases: dict[str, Any]) -> None:
         """The worker's rule (docs/design.md, "The partition Lease";
@@ -307,6 +382,11 @@ class Kubelets:
         self.taken.setdefault((lease_name, epoch), now)
 
     def __enter__(self) -> Kubelets:
+        if self.attach_volumes:
+            with contextlib.suppress(ApiException):  # (another simulation's, or the cluster's)
+                self._attacher.install_driver()
+            self._attachments.start()
+            self._attach_thread.start()
         self.create_nodes()
         self._pods.start()
         self._leases.start()
@@ -319,6 +399,9 @@ class Kubelets:
         self._pods.stop()
         self._leases.stop()
         self.delete_nodes()
+        if self.attach_volumes:
+            self._attach_thread.join(timeout=10)
+            self._attachments.stop()
 
 
 def simulated_output(topic: str, name: str) -> str:

@@ -68,6 +68,14 @@ def busy_nodes(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
 
 
 @pytest.fixture
+def attaching_nodes(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
+    """Two nodes whose volumes the attach/detach controller attaches and detaches."""
+    api, ns = kube_namespace.api_client, kube_namespace.name
+    with kubelets_in(api, ns, "sv", 2, attach_volumes=True) as k:
+        yield k
+
+
+@pytest.fixture
 def quiet_nodes(kube_namespace: KubeNamespace) -> Iterator[Kubelets]:
     with kubelets_in(kube_namespace.api_client, kube_namespace.name, "sq", 1) as k:
         yield k
@@ -123,11 +131,14 @@ def test_a_quiet_pipeline_keeps_its_interval_while_another_hands_over(
 
 def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
     kube_namespace: KubeNamespace,
-    busy_nodes: Kubelets,
+    attaching_nodes: Kubelets,
     kafka: KafkaBroker,
     new_topic: NewTopic,
     tmp_path: Path,
 ) -> None:
+    """... with their volumes attached by the attach/detach controller through
+    VolumeAttachments: each is detached from the lost node and attached to the spare one."""
+    busy_nodes = attaching_nodes
     api, ns = kube_namespace.api_client, kube_namespace.name
     topic = new_topic(partitions=1)
     crowded, spare = busy_nodes.nodes
@@ -162,6 +173,15 @@ def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
         marks = (node.metadata.annotations or {}).get(names.ANNOTATION_TAINT_BY, "")
         assert sorted(marks.split(",")) == [f"{ns}/{name}" for name in pipelines]
         assert [t.key for t in node.spec.taints or []].count(OUT_OF_SERVICE_TAINT) == 1
+        attachments = client.StorageV1Api(api).list_volume_attachment().items
+        where = {
+            va.spec.source.persistent_volume_name: va.spec.node_name
+            for va in attachments
+            if va.spec.source.persistent_volume_name in busy_nodes.volumes
+            and va.status is not None
+            and va.status.attached
+        }
+        assert where == {volume: spare for volume in busy_nodes.volumes}, where
     decided = sorted(
         parse_time(h["lastHandover"]["started"])  # type: ignore[index]
         for h in handovers

@@ -37,14 +37,21 @@ def pipeline(
 
 
 def kubelets_in(
-    api: client.ApiClient, namespace: str, prefix: str, count: int, cpus: int = 8
+    api: client.ApiClient,
+    namespace: str,
+    prefix: str,
+    count: int,
+    cpus: int = 8,
+    attach_volumes: bool = False,
 ) -> Kubelets:
     """`count` simulated nodes for a test in `namespace`: named `<prefix>-a-<suffix>`,
     `<prefix>-b-<suffix>`, ... and labelled `dedup.io/<prefix>-<suffix>` (the suffix is
-    the namespace's, so tests running at once never share a node)."""
+    the namespace's, so tests running at once never share a node); with
+    `attach_volumes`, volumes attached through VolumeAttachments (`Kubelets`)."""
     suffix = namespace[-6:]
     nodes = [f"{prefix}-{chr(ord('a') + i)}-{suffix}" for i in range(count)]
-    return Kubelets(api, namespace, nodes, f"dedup.io/{prefix}-{suffix}", cpus=cpus)
+    label = f"dedup.io/{prefix}-{suffix}"
+    return Kubelets(api, namespace, nodes, label, cpus=cpus, attach_volumes=attach_volumes)
 
 
 def entry(api: client.ApiClient, ns: str, p: int, name: str = "events") -> dict[str, Any]:

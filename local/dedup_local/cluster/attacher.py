@@ -64,15 +64,19 @@ class Attacher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="attacher", daemon=True)
 
-    def install(self) -> None:
-        storage = client.StorageV1Api(self.api)
-        storage.create_csi_driver(
+    def install_driver(self) -> None:
+        """The CSIDriver (attachRequired: the attach/detach controller attaches its
+        volumes through VolumeAttachments)."""
+        client.StorageV1Api(self.api).create_csi_driver(
             {  # type: ignore[arg-type]
                 "metadata": {"name": DRIVER},
                 "spec": {"attachRequired": True, "podInfoOnMount": False},
             }
         )
-        storage.create_storage_class(
+
+    def install(self) -> None:
+        self.install_driver()
+        client.StorageV1Api(self.api).create_storage_class(
             {  # type: ignore[arg-type]
                 "metadata": {"name": STORAGE_CLASS},
                 "provisioner": DRIVER,
@@ -167,15 +171,15 @@ class Attacher:
                         raise
 
     # ------------------------------------------------------------------ attacher
-    def attach(self) -> None:
+    def attach(self, listed: list[dict[str, Any]] | None = None) -> None:
+        """One round over the VolumeAttachments: `listed` (as a watch holds them), else
+        as listed now."""
         storage = client.StorageV1Api(self.api)
-        vas = [
-            va
-            for va in as_json(
+        if listed is None:
+            listed = as_json(
                 storage.list_volume_attachment(_preload_content=False, _request_timeout=TIMEOUT)
             )["items"]
-            if va["spec"]["attacher"] == DRIVER
-        ]
+        vas = [va for va in listed if va["spec"]["attacher"] == DRIVER]
         for va in vas:
             meta, status = va["metadata"], va.get("status") or {}
             finalizers = meta.get("finalizers") or []
