@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from dedup_contract import broker_logs
@@ -190,24 +190,16 @@ def _read_topics(
     timeout_s: float,
     owned_user_named: bool,
 ) -> TopicFacts | TopicCheck:
-
-    def count(topic: str) -> tuple[int | None, int | None, str]:
-        # the one topic's metadata, not the cluster's (which grows with every topic)
-        info = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            why = str(info.error) if info is not None and info.error is not None else ""
-            return None, None, why
-        replication = min(len(p.replicas) for p in info.partitions.values())
-        return len(info.partitions), replication, ""
-
+    # every topic's metadata in one request, not the cluster's (which grows with every topic)
     try:
-        inputs, _, why = count(input_topic)
-        outputs, output_replication, _ = count(output_topic)
-        owned = count(owned_topic) if owned_topic is not None else (None, None, "")
-    except KafkaException as exc:
+        described = _describe(admin, [input_topic, output_topic, owned_topic], timeout_s)
+    except (KafkaException, TimeoutError) as exc:
         return TopicCheck(
             False, "KafkaUnreachable", f"cannot read metadata of {input_topic}: {exc}"
         )
+    inputs, _, why = described[input_topic]
+    outputs, output_replication, _ = described[output_topic]
+    owned = described[owned_topic] if owned_topic is not None else (None, None, "")
 
     # every topic's configs in one DescribeConfigs request (one future per topic)
     asked = {
@@ -253,6 +245,33 @@ def _read_topics(
         owned_config_error=owned_error,
         owned_user_named=owned_user_named,
     )
+
+
+def _describe(
+    admin: AdminClient, topics: Sequence[str | None], timeout_s: float
+) -> dict[str | None, tuple[int | None, int | None, str]]:
+    """Each topic's (partition count, replicas of its least replicated partition, why
+    not), asked in one request; (None, None, Kafka's error) for a topic Kafka answers
+    about with an error (it does not exist, not authorized). Raises KafkaException when
+    Kafka does not answer (a local error: unreachable, timed out)."""
+    unique = list(dict.fromkeys(t for t in topics if t is not None))
+    futures = admin.describe_topics(TopicCollection(unique), request_timeout=timeout_s)
+    described: dict[str | None, tuple[int | None, int | None, str]] = {}
+    for topic in unique:
+        try:
+            found = futures[topic].result(timeout=timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or error.code() < 0:
+                raise
+            described[topic] = (None, None, str(error))
+            continue
+        if not found.partitions:
+            described[topic] = (None, None, "")
+            continue
+        replication = min(len(p.replicas) for p in found.partitions)
+        described[topic] = (len(found.partitions), replication, "")
+    return described
 
 
 def _configs(
