@@ -11,7 +11,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,10 +43,15 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"  # the kubelets' heartbeats
 Obj = dict[str, Any]
 
 
-def api_client(kubeconfig: str | None = None) -> ApiClient:
+def api_client(
+    kubeconfig: str | None = None,
+    qps: float = kube_client.DEFAULT_QPS,
+    burst: int = kube_client.DEFAULT_BURST,
+) -> ApiClient:
     """The operator's client (`kube_client.api_client`): from a kubeconfig, else the pod's
-    service account in a cluster, else the default kubeconfig."""
-    return kube_client.api_client(kubeconfig or None)
+    service account in a cluster, else the default kubeconfig; `qps` requests a second,
+    bursts of `burst` (qps 0: no client-side limit)."""
+    return kube_client.api_client(kubeconfig or None, qps=qps, burst=burst)
 
 
 def _absent(exc: ApiException) -> bool:
@@ -65,6 +70,11 @@ class NotLeader(Exception):
 
 # The kinds a pass reads from a pipeline watch, by the kind `ensure` creates.
 WRITTEN_THROUGH = {"PersistentVolumeClaim": "volumeclaims", "Lease": "leases"}
+
+
+def attached_volume(va: Obj) -> str | None:
+    """The PersistentVolume a VolumeAttachment attaches (None: an inline volume)."""
+    return ((va.get("spec") or {}).get("source") or {}).get("persistentVolumeName")
 
 
 def _watched_key(kind: str, namespace: str | None) -> str:
@@ -131,6 +141,7 @@ class Kube:
             "volumeattachments": WatchedKind(
                 "volumeattachments",
                 self.storage.list_volume_attachment,
+                group=attached_volume,
                 on_event=self._events_of("volumeattachments"),
             ),
         }
@@ -583,11 +594,22 @@ class Kube:
         self._wrote("leases", fenced)
         return True
 
-    def volume_attachments(self) -> list[Obj]:
-        cached = self._cached("volumeattachments")
-        if cached is not None:
-            return list(cached.values())
-        return [self._json(va) for va in self.storage.list_volume_attachment().items]
+    def volume_attachments(self, volumes: Iterable[str | None]) -> list[Obj]:
+        """The VolumeAttachments of these PersistentVolumes, from the watch (held by
+        volume: a pass reads its own volumes', not the cluster's thousand)."""
+        wanted = {v for v in volumes if v}
+        watched = self._watched.get("volumeattachments")
+        if watched is not None:
+            found: list[Obj] = []
+            for volume in wanted:
+                held = watched.select(volume)
+                if held is None:  # not in sync: listed below
+                    break
+                found.extend(held.values())
+            else:
+                return found
+        listed = (self._json(va) for va in self.storage.list_volume_attachment().items)
+        return [va for va in listed if attached_volume(va) in wanted]
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         import base64

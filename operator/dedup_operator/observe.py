@@ -101,7 +101,9 @@ def observe_pipeline(
         pods=pods,
         leases=_partition_leases(kube, namespace, raw_leases, watch),
         nodes=nodes,
-        attachments=kube.volume_attachments(),
+        attachments=kube.volume_attachments(
+            (c.get("spec") or {}).get("volumeName") for c in claims.values()
+        ),
         topic=topic,
         topic_read=topic_read,
         ownership=state,

@@ -147,7 +147,7 @@ class PipelineObservation:
     pods: Mapping[int, tuple[PodView, ...]]  # partition -> its worker pods
     leases: Mapping[str, LeaseView]  # Lease name -> view
     nodes: Mapping[str, NodeView]
-    attachments: Sequence[Obj]  # VolumeAttachments
+    attachments: Sequence[Obj]  # the VolumeAttachments of its claims' volumes
     topic: TopicCheck
     # the ownership generation (dedup_operator.ownership_generation.decide); None: as a new pipeline
     ownership: OwnershipState | None = None

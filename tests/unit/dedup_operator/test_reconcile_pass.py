@@ -127,7 +127,7 @@ class FakeKube:
     def pods(self, namespace: str, pipeline: str) -> list[dict[str, Any]]:
         return list(self.pods_)
 
-    def volume_attachments(self) -> list[dict[str, Any]]:
+    def volume_attachments(self, volumes: Any) -> list[dict[str, Any]]:
         return []
 
     def has_crd(self, name: str) -> bool:
