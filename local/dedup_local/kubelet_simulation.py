@@ -2,37 +2,21 @@
 operator's tests and `bench/operator_scale.py`: named as a simulation, because the local
 cluster's end-to-end tests and the demo run real ones.
 
-`Kubelets` plays the node agents of a set of nodes and the workers on them, in one
-thread: it heartbeats the nodes that are up, reports bound worker pods Running and
-Ready, finishes graceful deletions, and renews each running worker's Lease by the
-worker's own rule (take it iff ours, or free or seen unchanged for its duration with
-leaseTransitions below our epoch; `dedup_contract.lease_clock`). `taken` records when
-each Lease was first renewed at each epoch (a replacement's first renewal).
+`Kubelets` plays the node agents of a set of nodes and the workers on them: one thread
+heartbeats the nodes that are up (a status report every `heartbeat_s`, each step when 0;
+with `node_lease_s` also the kube-node-lease Lease that often, as a kubelet does, which
+is how the operator judges a node in production), another reports bound worker pods
+Running and Ready, finishes graceful deletions, and renews each running worker's Lease
+by the worker's own rule every third of its duration (`dedup_contract.lease_clock`).
+`taken` records when each Lease was first renewed at each epoch (a replacement's first
+renewal); `step_seconds` how long each step took. A lost node stops both threads' work
+for it and is reported NotReady at once. Pods and Leases are read from watches (the
+operator's `cache.WatchedKind`). No /metrics is served.
 
-As the real parts do, each worker renews its Lease every third of its duration
-(`lease_clock.LeaseTiming`), one request each, and a node reports its status every
-`heartbeat_s` (each step when 0, for the tests' 3-second timings). With `node_lease_s`
-a node also renews its heartbeat Lease in kube-node-lease that often, as a kubelet does
-(every 10 s, a quarter of its 40 s duration), and the operator judges the node by it
-(its production path); without, by the Ready condition (where that Lease cannot be
-read). A lost node stops both, and is reported NotReady at once: what the node
-lifecycle controller would say only after its grace period. A step reads the pods
-and Leases from watches (the operator's `cache.WatchedKind`; its own renewals held at
-once), as a kubelet and a worker follow theirs: listing a thousand of each twice a
-second was most of the API server's work in the bench. It does not serve /metrics.
-`step_seconds` says how long each step took.
-
-With `attach_volumes` the volumes go the way the local cluster's do: each is a CSI volume
-of its driver (attachRequired), each node is managed by the attach/detach controller
-(the kubelet's annotation), that controller (in kube-controller-manager) makes a
-VolumeAttachment for each scheduled pod's volume and deletes it once the pod is gone,
-an attacher plays the external-attacher's role (`dedup_local.cluster.attacher`: marks
-it attached only while no other node holds the volume, and lets it go on deletion), and
-a pod is reported Running only once its volume is attached to its node, as a kubelet
-waits for it. A crowded node's handover then includes the detach of every volume. What
-still differs from a kubelet: no `volumesInUse` is reported, so the controller detaches
-as soon as a pod is gone (on a real lost node, only once the node is tainted
-out-of-service, which the operator does before deleting the pods).
+With `attach_volumes`, volumes are CSI volumes attached by the attach/detach controller
+through VolumeAttachments, an attacher plays the external-attacher's role, and a pod is
+Running only once its volume is attached to its node. What this simulation does and
+still does not do as the real parts: docs/development.md, "The simulated kubelets".
 """
 
 from __future__ import annotations
@@ -94,7 +78,11 @@ class Kubelets:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.errors: list[str] = []
         self.volumes: list[str] = []
-        self._lock = threading.Lock()  # a lost node gets no late heartbeat
+        self._lock = threading.Lock()  # a lost node's workers renew no more
+        self._beat_lock = threading.Lock()  # a lost node gets no late heartbeat
+        # the nodes' heartbeats on a thread of their own, as each kubelet is a process of
+        # its own: a slow round over a thousand pods must not make every node late
+        self._beats = threading.Thread(target=self._beat_forever, daemon=True)
         self._seen = lease_clock.LeaseClock()  # the simulated workers' observations
         # (Lease name, epoch) -> monotonic time of its first renewal at that epoch
         self.taken: dict[tuple[str, int], float] = {}
@@ -102,7 +90,7 @@ class Kubelets:
         self.heartbeat_s = heartbeat_s
         self._reported: dict[str, float] = {}  # node -> monotonic time of its last report
         self.node_lease_s = node_lease_s
-        self._beat: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
+        self._beaten: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
         self._renewed: dict[str, float] = {}  # pod -> monotonic time of its last renewal
         worker = f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
         self._pods = WatchedKind(
@@ -181,7 +169,7 @@ class Kubelets:
             self.leases.patch_namespaced_lease(
                 node, NODE_LEASE_NAMESPACE, {"spec": {"renewTime": now}}
             )
-        self._beat[node] = time.monotonic()
+        self._beaten[node] = time.monotonic()
 
     def delete_nodes(self) -> None:
         for name in self.volumes:
@@ -215,14 +203,35 @@ class Kubelets:
 
     def lose(self, node: str) -> None:
         """The node stops: no heartbeats, its pods stop renewing; reported NotReady."""
-        with self._lock:
+        with self._lock, self._beat_lock:
             self.up.discard(node)
             self._report(node, False, transition=True)
 
     def back(self, node: str) -> None:
-        with self._lock:
+        with self._lock, self._beat_lock:
             self.up.add(node)
             self._report(node, True, transition=True)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(0.5):
+            for node in sorted(self.up):
+                try:
+                    with self._beat_lock:
+                        if node in self.up:
+                            self._beat(node, time.monotonic())
+                except ApiException as exc:
+                    if exc.status not in (404, 409):
+                        self.errors.append(f"{exc.status} {exc.reason}")
+
+    def _beat(self, node: str, now: float) -> None:
+        """The node's status report and heartbeat Lease renewal, each when due."""
+        if now - self._reported.get(node, float("-inf")) >= self.heartbeat_s:
+            self._report(node, True)
+            self._reported[node] = now
+        if self.node_lease_s is not None and (
+            now - self._beaten.get(node, float("-inf")) >= self.node_lease_s
+        ):
+            self._heartbeat(node)
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
@@ -236,15 +245,6 @@ class Kubelets:
                     self.errors.append(f"{exc.status} {exc.reason}")
 
     def _step(self) -> None:
-        now = time.monotonic()
-        for node in list(self.up):
-            if now - self._reported.get(node, float("-inf")) >= self.heartbeat_s:
-                self._report(node, True)
-                self._reported[node] = now
-            if self.node_lease_s is not None and (
-                now - self._beat.get(node, float("-inf")) >= self.node_lease_s
-            ):
-                self._heartbeat(node)
         # from the watches (a list while one is not in sync)
         held_pods = self._pods.items()
         pods = (
@@ -390,12 +390,14 @@ class Kubelets:
         self.create_nodes()
         self._pods.start()
         self._leases.start()
+        self._beats.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._beats.join(timeout=10)
         self._pods.stop()
         self._leases.stop()
         self.delete_nodes()

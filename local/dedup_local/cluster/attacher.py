@@ -10,7 +10,7 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ def unique_volume_name(handle: str) -> str:
     return f"kubernetes.io/csi/{DRIVER}^{handle}"
 
 
-def attach_decision(va: Mapping[str, Any], all_vas: list[Mapping[str, Any]]) -> str | None:
+def attach_decision(va: Mapping[str, Any], all_vas: Sequence[Mapping[str, Any]]) -> str | None:
     """None when `va` may be marked attached, else the node that still holds the volume."""
     pv = va["spec"]["source"].get("persistentVolumeName")
     for other in all_vas:
@@ -180,6 +180,9 @@ class Attacher:
                 storage.list_volume_attachment(_preload_content=False, _request_timeout=TIMEOUT)
             )["items"]
         vas = [va for va in listed if va["spec"]["attacher"] == DRIVER]
+        by_volume: dict[str | None, list[dict[str, Any]]] = {}  # a round is not O(n^2)
+        for va in vas:
+            by_volume.setdefault(va["spec"]["source"].get("persistentVolumeName"), []).append(va)
         for va in vas:
             meta, status = va["metadata"], va.get("status") or {}
             finalizers = meta.get("finalizers") or []
@@ -202,7 +205,9 @@ class Attacher:
                 continue
             if status.get("attached"):
                 continue
-            holder = attach_decision(va, vas)
+            holder = attach_decision(
+                va, by_volume[va["spec"]["source"].get("persistentVolumeName")]
+            )
             if holder is not None:
                 message = f"volume is attached to node {holder} (ReadWriteOnce)"
                 if (status.get("attachError") or {}).get("message") != message:
