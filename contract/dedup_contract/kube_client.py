@@ -17,7 +17,9 @@ otherwise) before every request it sends, watches' included (a watch costs one t
 when it starts). A request that finds the bucket empty waits for its token, which is
 the point: a pass that would send a burst of hundreds of requests is spread out instead
 of landing on the API server at once. A request the API server refuses with 429 (API
-Priority and Fairness) is sent again after its Retry-After. `qps=None` builds a client
+Priority and Fairness) is sent again after its Retry-After. `qps=0` builds a client
+without the bucket that still resends a 429 (the operator's `--api-qps 0`: the server's
+API Priority and Fairness alone, as controller-runtime since v0.21); `qps=None` one
 without either (the local harness's administrator, whose tests set up clusters as fast
 as they can).
 """
@@ -99,7 +101,7 @@ class RateLimitedApiClient(client.ApiClient):
     def __init__(
         self,
         configuration: client.Configuration,
-        rate: RequestRate,
+        rate: RequestRate | None,  # None: no client-side limit (429s still resent)
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(configuration)
@@ -111,7 +113,8 @@ class RateLimitedApiClient(client.ApiClient):
         # The generated client raises ApiException after this returns (when it reads
         # the response), so a refusal is seen here by its status.
         for attempt in range(MAX_THROTTLED_RETRIES + 1):
-            self.rate.take()
+            if self.rate is not None:
+                self.rate.take()
             response = super().call_api(*args, **kwargs)
             if getattr(response, "status", None) != 429 or attempt == MAX_THROTTLED_RETRIES:
                 return response
@@ -163,7 +166,7 @@ def api_client(
         # urllib3's default retries, except a 429's Retry-After: that is resent here
         # (counted, up to MAX_THROTTLED_RETRIES), not inside urllib3 as well
         configuration.retries = urllib3.Retry(3, respect_retry_after_header=False)
-    return RateLimitedApiClient(configuration, RequestRate(qps, burst))
+    return RateLimitedApiClient(configuration, RequestRate(qps, burst) if qps else None)
 
 
 def sibling(api: client.ApiClient, qps: float, burst: int) -> client.ApiClient:

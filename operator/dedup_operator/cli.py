@@ -25,9 +25,13 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CLUSTER = 3
-# Request buckets of their own, beside the passes' (kube_client: 20/s, bursts of 30): the
-# leader Lease's renewals (one per third of a duration) never wait behind a pass, and
-# the Events never hold a pass up.
+# The passes' request bucket (--api-qps, --api-burst). controller-runtime's old default
+# of 20/s, bursts of 30, made a crowded node's handover wait for its tokens: ~250
+# requests (12 status writes a partition, its taint, fence, delete, create) at 20 a
+# second (bench/operator_scale.py). Kept bounded, well above that, against a runaway.
+API_QPS, API_BURST = 50.0, 100
+# Request buckets of their own, beside the passes': the leader Lease's renewals (one per
+# third of a duration) never wait behind a pass, and the Events never hold a pass up.
 LEADER_QPS, LEADER_BURST = 5.0, 10
 EVENTS_QPS, EVENTS_BURST = 10.0, 25
 
@@ -92,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile passes over different pipelines at once (one at a time per pipeline)",
     )
     p.add_argument(
+        "--api-qps",
+        type=float,
+        default=API_QPS,
+        help="requests a second the passes may send to the API server (bursts of "
+        "--api-burst); 0: no client-side limit, API Priority and Fairness alone (as "
+        "controller-runtime since v0.21). A node lost with 20 partitions of 20 pipelines "
+        "sends ~250 requests in its first 15 s (bench/operator_scale.py)",
+    )
+    p.add_argument("--api-burst", type=int, default=API_BURST, help="see --api-qps")
+    p.add_argument(
         "--topic-check-interval",
         type=float,
         default=30.0,
@@ -138,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _preflight(kubeconfig: str | None, namespaces: Sequence[str]) -> tuple[object, str | None]:
+def _preflight(
+    kubeconfig: str | None, namespaces: Sequence[str], qps: float, burst: int
+) -> tuple[object, str | None]:
     """An API client, after checking the cluster answers and serves DedupPipelines.
     Returns (api client, error message)."""
     from kubernetes import client
@@ -150,7 +166,7 @@ def _preflight(kubeconfig: str | None, namespaces: Sequence[str]) -> tuple[objec
     from dedup_operator.kube import api_client
 
     try:
-        api = api_client(kubeconfig)
+        api = api_client(kubeconfig, qps=qps, burst=burst)
     except (ConfigException, OSError) as exc:
         return None, f"no usable cluster configuration: {exc}"
     custom = client.CustomObjectsApi(api)
@@ -240,11 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.status_counters_interval <= 0
         or args.ensure_interval <= 0
         or args.resync_interval <= 0
+        or args.api_qps < 0
+        or args.api_burst < 1
     ):
         print(
             "dedup-operator: --interval, --resync-interval, --topic-check-interval, "
-            "--leader-lease-duration, --pass-threads, --status-counters-interval and "
-            "--ensure-interval must be positive",
+            "--leader-lease-duration, --pass-threads, --status-counters-interval, "
+            "--api-burst and --ensure-interval must be positive, --api-qps 0 or more",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -264,7 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dedup_operator.settings import ReconcileSettings
 
     namespaces: list[str] = list(args.namespace)
-    api, problem = _preflight(args.kubeconfig, namespaces if not args.all_namespaces else [])
+    api, problem = _preflight(
+        args.kubeconfig,
+        namespaces if not args.all_namespaces else [],
+        args.api_qps,
+        args.api_burst,
+    )
     if problem:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER

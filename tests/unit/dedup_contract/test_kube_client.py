@@ -72,7 +72,7 @@ def test_the_defaults_are_controller_runtimes() -> None:
 
 def test_a_named_kubeconfig_builds_a_rate_limited_client(tmp_path: Path) -> None:
     api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "secret"), retries=1)
-    assert isinstance(api, RateLimitedApiClient)
+    assert isinstance(api, RateLimitedApiClient) and api.rate is not None
     assert (api.rate.qps, api.rate.burst) == (20.0, 30)
     cfg = api.configuration
     assert cfg.host == "https://10.0.0.1:6443"
@@ -84,6 +84,12 @@ def test_a_named_kubeconfig_builds_a_rate_limited_client(tmp_path: Path) -> None
 def test_without_a_limit_the_client_is_the_librarys_own(tmp_path: Path) -> None:
     api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "t"), qps=None)
     assert type(api) is client.ApiClient
+
+
+def test_qps_0_means_no_bucket_but_429s_still_resent(tmp_path: Path) -> None:
+    """The operator's --api-qps 0: API Priority and Fairness alone."""
+    api = api_client(kubeconfig(tmp_path, "https://10.0.0.1:6443", "t"), qps=0)
+    assert isinstance(api, RateLimitedApiClient) and api.rate is None
 
 
 def test_no_kubeconfig_named_and_no_pod_falls_back_to_the_default_kubeconfig(
@@ -184,6 +190,16 @@ def test_a_429_without_retry_after_backs_off_doubling(
     Throttling.refusals, Throttling.retry_after = 3, None
     assert client.CoreV1Api(api).list_namespace().items == []
     assert slept == [0.5, 1.0, 2.0]
+
+
+def test_without_a_bucket_a_429_is_still_sent_again(
+    throttling: tuple[RateLimitedApiClient, list[float]],
+) -> None:
+    api, slept = throttling
+    api.rate = None
+    Throttling.refusals, Throttling.retry_after = 1, "2"
+    assert client.CoreV1Api(api).list_namespace().items == []
+    assert slept == [2.0] and api.throttled == 1
 
 
 def test_throttled_past_the_retries_the_429_is_raised(
