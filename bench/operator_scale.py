@@ -15,8 +15,8 @@ nodes at once), so a crowded node's handover includes every volume's detach:
 
 1. **Baseline**: a plain script creates what the operator creates for the same
    partitions (a PVC, a Lease and a pod each; a Service and a PodDisruptionBudget per
-   pipeline) directly, through a client with the operator's request limit (20/s, bursts
-   of 30), and the time until every pod is Ready is taken.
+   pipeline) directly, through a client with the operator's default request limit
+   (`--api-qps` 50/s, bursts of 100), and the time until every pod is Ready is taken.
 2. **Apply -> all Ready**: the operator (production timings: `--interval 5`, the CRD's
    failover defaults) runs as a service account; every pipeline is created at once, and
    the time until each reports all its partitions Ready is taken.
@@ -66,6 +66,7 @@ from dedup_local.kafka import KafkaBroker
 from dedup_local.kubelet_simulation import Kubelets, simulated_output, simulated_pipeline
 from dedup_local.operator_process import OperatorProcess, running_operator
 from dedup_local.paths import REPO_ROOT
+from dedup_operator.cli import API_BURST, API_QPS
 
 NAMESPACE, BASELINE_NAMESPACE = "scale", "scale-baseline"
 OPERATOR_SA = "dedup-operator"
@@ -137,7 +138,7 @@ def baseline(
 ) -> float:
     """What the operator creates, created directly at the operator's request rate; seconds
     until every pod is Ready."""
-    api = kube_client.api_client(kubeconfig)  # QPS 20, burst 30: the operator's limits
+    api = kube_client.api_client(kubeconfig, qps=API_QPS, burst=API_BURST)  # the operator's
     core: Any = client.CoreV1Api(api)
     coordination: Any = client.CoordinationV1Api(api)
     policy: Any = client.PolicyV1Api(api)
@@ -471,7 +472,7 @@ def main() -> int:
                     base.create_volumes(name, args.partitions)
                 base_s = baseline(admin, cp.kubeconfig_path, pipelines, args.partitions, base)
             print(
-                f"baseline: every pod Running {base_s:.1f}s after the first create (a plain script, 20 requests/s)",
+                f"baseline: every pod Running {base_s:.1f}s after the first create (a plain script, {API_QPS:g} requests/s)",
                 flush=True,
             )
         nodes = [f"node-{n}" for n in range(args.nodes)]
