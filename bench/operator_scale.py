@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -79,15 +80,16 @@ LEADER_LEASE_S = 15  # the chart's default
 NODE_LEASE_S, HEARTBEAT_S = ClusterTimings().node_lease_renew_s, 60.0
 
 
-def attached_volumes(api: client.ApiClient, namespace: str) -> dict[str, str]:
-    """The namespace's claims' volumes attached, by VolumeAttachment: volume -> node."""
+def attached_volumes(api: client.ApiClient, volumes: Iterable[str]) -> dict[str, str]:
+    """Which of `volumes` are attached, by VolumeAttachment: volume -> node."""
+    wanted = set(volumes)
     listed = client.StorageV1Api(api).list_volume_attachment()
     return {
         str(va.spec.source.persistent_volume_name): str(va.spec.node_name)
         for va in listed.items
         if va.status is not None
         and va.status.attached
-        and (va.spec.source.persistent_volume_name or "").startswith(f"{namespace}-")
+        and va.spec.source.persistent_volume_name in wanted
     }
 
 
@@ -325,7 +327,7 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded
         for p in by_node[node]
     ]
     pipelines = len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[node]})
-    held = [v for v, n in attached_volumes(api, NAMESPACE).items() if n == node]
+    held = [v for v, n in attached_volumes(api, kubelets.volumes).items() if n == node]
     killed_at, cpu0, t0 = datetime.now().astimezone(), cpu_seconds(pid), time.monotonic()
     kubelets.lose(node)
     wait_until(
@@ -336,7 +338,7 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded
     )
     cpu_share = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
     took = sorted(kubelets.taken[(lease, epoch + 1)] - t0 for lease, epoch in victims)
-    now_on = attached_volumes(api, NAMESPACE)
+    now_on = attached_volumes(api, kubelets.volumes)
     moved = sum(1 for v in held if now_on.get(v) not in (None, node))
     return Crowded(node, pipelines, took, (len(held), moved), killed_at, cpu_share)
 
@@ -531,7 +533,7 @@ def main() -> int:
         )
         print(
             f"operator: apply -> all {total:,} partitions Ready {apply_s:.1f}s{ratio}; "
-            f"{len(attached_volumes(admin, NAMESPACE)):,} volumes attached through "
+            f"{len(attached_volumes(admin, kubelets.volumes)):,} volumes attached through "
             "VolumeAttachments",
             flush=True,
         )
