@@ -323,9 +323,11 @@ class Kubelets:
                 continue
             try:
                 self._attacher.attach(list(held.values()))
-            except ApiException as exc:
+            except ApiException as exc:  # a stale view (409, 422: its test failed): again
                 if exc.status not in (404, 409, 422):
                     self.errors.append(f"attacher: {exc.status} {exc.reason}")
+            except Exception as exc:  # the thread goes on; the bench prints the errors
+                self.errors.append(f"attacher: {type(exc).__name__}: {exc}")
 
     def _hold_lease(self, pod: dict[str, Any], leases: dict[str, Any]) -> None:
         """The worker's rule (docs/design.md, "The partition Lease";
