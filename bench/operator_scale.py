@@ -423,6 +423,9 @@ def main() -> int:
     parser.add_argument("--steady-s", type=float, default=300.0)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument(
+        "--pass-threads", type=int, default=None, help="the operator's (default: its own)"
+    )
+    parser.add_argument(
         "--operator-log", type=Path, help="keep the operator's log there (default: deleted)"
     )
     bench_results.add_arguments(parser)
@@ -492,8 +495,10 @@ def main() -> int:
         )
         for name in pipelines:
             kubelets.create_volumes(name, args.partitions)
-        production = ("--topic-check-interval", "30", "--leader-lease-duration", str(LEADER_LEASE_S),
+        production: tuple[str, ...] = ("--topic-check-interval", "30", "--leader-lease-duration", str(LEADER_LEASE_S),
                       "--status-counters-interval", "60")  # fmt: skip
+        if args.pass_threads is not None:
+            production += ("--pass-threads", str(args.pass_threads))
         if args.operator_log:  # this run's lines only: "became leader" of an earlier run
             for log in (args.operator_log, args.operator_log.with_suffix(".standby.log")):
                 log.unlink(missing_ok=True)  # would pass for this one's
