@@ -31,6 +31,7 @@ from support.operator_helpers import (
     operator_command,
     running_operator,
     wait_for,
+    wait_for_event,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("control-plane")]
@@ -549,7 +550,8 @@ def test_output_topics_that_cannot_keep_the_window_degrade_the_pipeline(
             assert found["reason"] == reason and says in found["message"], found
             degraded = condition(get_pipeline(ns.api_client, ns.name, name), "Degraded")
             assert degraded is not None and degraded["status"] == "True"
-            assert ("Warning", reason) in {e[:2] for e in events(ns.api_client, ns.name, name)}
+            # (Events are posted by their own thread, after the status: waited for)
+            assert wait_for_event(ns.api_client, ns.name, name, "Warning", reason)
         kept = wait_for(lambda: topic_ready("kept"), 60, "kept: TopicReady")
         assert kept["status"] == "True", kept
         errors = [line for line in op.log().splitlines() if error_line(line)]
