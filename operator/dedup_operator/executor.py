@@ -85,12 +85,26 @@ class Acting:
     stopped: bool = False  # an action stopped the rest
     # when the next pass is due, as the pass's last plan said (kept if it is abandoned)
     requeue_after: float | None = None
+    # Since `next_step_known()` last asked: a handover step was taken whose effect the
+    # watches hold at once (a handover begun, a Lease fenced, a node marked: the
+    # operator's own writes), and none whose effect only a watch event brings (a pod
+    # created or deleted, that the next look would find as it was).
+    step_held: bool = False
+    step_awaits_watch: bool = False
 
     def tell(self, event: Event, error: bool = False) -> None:
         if error:
             self.record(*event, error=True)
         else:
             self.record(*event)
+
+    def next_step_known(self) -> bool:
+        """May the pass decide its next step at once, on the watches as they are? (A
+        handover's fence, taint and release follow each other without waiting for
+        anyone else; each waited behind every other pipeline's pass in the queue.)"""
+        known = self.step_held and not self.step_awaits_watch
+        self.step_held = self.step_awaits_watch = False
+        return known
 
 
 def execute(actions: Sequence[PassAction], acting: Acting) -> bool:
@@ -231,11 +245,13 @@ def _write_handover_record(action: WriteHandoverRecord, acting: Acting) -> None:
 
 # -------------------------------------------------------------- workers
 def _create_worker(action: CreateWorker, acting: Acting) -> None:
+    acting.step_awaits_watch = True
     if acting.kube.create_pod(action.pod):
         acting.tell(action.created)
 
 
 def _delete_workers(action: DeleteWorkers, acting: Acting) -> None:
+    acting.step_awaits_watch = True
     for pod, uid in action.pods:
         acting.kube.delete_pod(action.namespace, pod, action.force, uid)
     if action.deleted is not None:
@@ -244,11 +260,13 @@ def _delete_workers(action: DeleteWorkers, acting: Acting) -> None:
 
 def _fence_worker_lease(action: FenceWorkerLease, acting: Acting) -> None:
     if acting.kube.fence_lease(action.namespace, action.lease, action.resource_version):
+        acting.step_held = True
         acting.tell(action.fenced)
 
 
 def _count_handover_begun(action: CountHandoverBegun, acting: Acting) -> None:
     operator_metrics.FAILOVERS_STARTED.labels(action.namespace, action.name, action.reason).inc()
+    acting.step_held = True  # its record is written: the next step may follow at once
 
 
 def _count_handover_completed(action: CountHandoverCompleted, acting: Acting) -> None:
@@ -262,6 +280,7 @@ def _count_handover_completed(action: CountHandoverCompleted, acting: Acting) ->
 # ---------------------------------------------------------------- nodes
 def _mark_out_of_service(action: MarkOutOfService, acting: Acting) -> None:
     if acting.kube.taint_out_of_service(action.node, action.mark):
+        acting.step_held = True
         acting.tell(action.marked)
     elif action.node in acting.tainted:  # someone else's taint got there first
         acting.tainted.remove(action.node)

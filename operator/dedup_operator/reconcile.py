@@ -7,6 +7,9 @@
   what must be persisted first, and every action of the pass in order;
 - act (`executor.execute`): the actions, the handover records (and nodes about to be
   tainted) into status *before* any partition's action;
+- again at once, up to CHAINED_STEPS times, after a handover step whose effect the
+  watches hold (the pass's own writes: a handover begun, a Lease fenced, a node
+  marked): observe → decide → act on them;
 - report (`_report`): the workers' counters (their /metrics, scraped at most once per
   `--status-counters-interval`, 60 s) into the status, its only write, when the status
   changed.
@@ -57,6 +60,12 @@ log = logging.getLogger("dedup_operator.reconcile")
 # the finalizers the reconcile pass over a deleted pipeline removes (kopf's
 # FINALIZER_RETAIN_VOLUMES is kopf's own)
 OUR_FINALIZERS = frozenset({names.FINALIZER_TAINTS, names.FINALIZER_OWNED_TOPIC})
+
+# How many times one pass decides again at once after a handover step whose effect the
+# watches hold (`executor.Acting.next_step_known`): begun -> fenced -> tainted ->
+# released is three. Each waited behind every other pipeline's pass before: with 20
+# pipelines handing over at once, 3-6 s from the decision to the fence.
+CHAINED_STEPS = 3
 
 
 def reconcile(
@@ -114,6 +123,16 @@ def _pass(
     if plan.observe_again:
         seen = observe_pipeline(kube, body, memory, watch, settings, reuse_topic_check=True)
         assert not isinstance(seen, InvalidSpec)  # the same body as parsed above
+        plan = _decide_and_act(seen, acting, settings, now)
+    for _ in range(CHAINED_STEPS):
+        # a handover's next step decided at once on what the pass itself just wrote
+        again = kube.pipeline(acting.namespace, acting.name) if acting.next_step_known() else None
+        if again is None:
+            break
+        looked = observe_pipeline(kube, again, memory, watch, settings, reuse_topic_check=True)
+        if isinstance(looked, InvalidSpec):
+            break  # edited meanwhile: the next pass says so
+        seen, now = looked, datetime.now(UTC)
         plan = _decide_and_act(seen, acting, settings, now)
     status = _report(seen, plan, acting, settings, now)
     key = (acting.namespace, acting.name)

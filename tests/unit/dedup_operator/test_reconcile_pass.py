@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from dedup_contract import names
+from dedup_contract.lease_clock import LeaseClock
 from dedup_contract.timefmt import format_micro_time
 from dedup_operator import executor, observe, reconcile
+from dedup_operator import memory as memory_mod
 from dedup_operator.desired.partition import template_hash
 from dedup_operator.kube import Conflict
 from dedup_operator.memory import LeaseWatch, PipelineMemory
@@ -505,3 +507,82 @@ def test_a_pipeline_whose_group_an_older_one_holds_starts_no_worker_and_says_why
     (ready,) = [c for c in third.status["conditions"] if c["type"] == "TopicReady"]
     assert ready["status"] == "True", ready
     assert "create_pod" in write_kinds(kube)
+
+
+class LostNodeKube(FakeKube):
+    """The STAND-IN, also as a server holds what the pass writes for its next read: the
+    status merged, a fenced Lease's holder cleared, a node's taint and mark; the pods
+    on a node."""
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods_ if p["spec"].get("nodeName") == node]
+
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.leases_.get(name)
+
+    def patch_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> str:
+        version = super().patch_status(namespace, name, status, resource_version)
+        self.body.setdefault("status", {}).update(copy.deepcopy(dict(status)))
+        return version
+
+    def fence_lease(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        self._write("fence_lease", name)
+        lease = self.leases_[name]
+        lease["spec"]["holderIdentity"] = None
+        lease["metadata"]["resourceVersion"] += "f"
+        return True
+
+    def taint_out_of_service(self, node: str, owner: str) -> bool:
+        self._write("taint_out_of_service", node)
+        for n in self.nodes_:
+            if n["metadata"]["name"] == node:
+                n.setdefault("spec", {})["taints"] = [
+                    {"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}
+                ]
+                n["metadata"]["annotations"] = {names.ANNOTATION_TAINT_BY: owner}
+        self.node_writes += 1
+        return True
+
+
+def test_a_lost_nodes_handover_is_begun_fenced_tainted_and_released_in_one_pass(
+    kafka: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of these steps decides on what the one before wrote, which the watches hold
+    at once: no pass of its own each (behind every other pipeline's, in the queue)."""
+    body = pipeline_body(finalizers=[names.FINALIZER_OWNED_TOPIC])
+    body["status"] = {"ownership": {"workers": 2, "reshards": 0}}
+    kube, memory = LostNodeKube(body), PipelineMemory()
+    kafka.append(names.owned_topic(NS, NAME))
+    running(kube)
+    healthy = copy.deepcopy(kube.nodes_[0])
+    healthy["metadata"]["name"] = "n2"  # one node lost, not every one (a full disruption)
+    kube.nodes_.append(healthy)
+    monkeypatch.setattr(memory_mod, "NODE_VIEWS_S", 0.0)  # the nodes judged on each look
+    for p, pod in enumerate(kube.pods_):  # dedup workers, by their labels
+        pod["metadata"].update(namespace=NS, labels=names.worker_labels(NAME, p, 1))
+    clock = [1000.0]
+    watch = LeaseWatch()
+    watch.lease_clock = LeaseClock(monotonic=lambda: clock[0])
+    first = run(kube, memory, watch)
+    assert first.status is not None
+    kube.body["status"] = dict(first.status)
+    ready = kube.nodes_[0]["status"]["conditions"][0]
+    ready.update(status="Unknown", lastTransitionTime=format_micro_time(datetime.now(UTC)))
+    run(kube, memory, watch)  # the node's silence seen from now, on the operator's clock
+    kube.writes.clear()
+    clock[0] += 30.0  # past nodeLostAfter (20s) and the Leases' duration (10s)
+    lost = run(kube, memory, watch)
+    done = [w[0] for w in kube.writes if w[0] != "event"]
+    steps = [w for i, w in enumerate(done) if w != "patch_status" and w not in done[:i]]
+    assert steps == ["fence_lease", "set_finalizer", "taint_out_of_service", "delete_pod"], done
+    assert done.count("fence_lease") == done.count("delete_pod") == 2, done
+    assert done[0] == "patch_status", "the handovers recorded before any of it"
+    assert lost.requeue_after == 0.0 and "DeleteWorkers" in lost.actions
+    entries = kube.body["status"]["partitions"]
+    assert all(set(e["handover"]["steps"]) >= {"fenced"} for e in entries), entries
