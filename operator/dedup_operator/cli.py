@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dedup_contract import kube_client
     from dedup_operator import handlers
-    from dedup_operator.kube import Kube
+    from dedup_operator.kube import Kube, attached_volume
     from dedup_operator.settings import ReconcileSettings
 
     namespaces: list[str] = list(args.namespace)
@@ -292,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("dedup-operator cannot start: %s", problem)
         return EXIT_CLUSTER
     kube = Kube(api)  # type: ignore[arg-type]
+    handlers.RUNTIME.wakeups.volume_owner = lambda va: kube.pipeline_of_volume(attached_volume(va))
     # Nodes, node Leases, VolumeAttachments, the DedupPipelines and their worker pods,
     # volume claims and partition Leases: watched, not listed per pass; each Lease
     # renewal noted as it happens; each change calls for the passes it concerns

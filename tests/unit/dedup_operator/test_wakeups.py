@@ -120,6 +120,21 @@ def test_events_wake_the_pipeline_they_concern_and_node_changes_those_resting_th
     assert w.on_event("pods", SYNCED, None, None) == {A, B}, "listed again: every one"
 
 
+def test_a_volume_detached_wakes_the_pipeline_claiming_it_or_every_busy_one() -> None:
+    claimed = {"pv-a": A}
+    w = Wakeups(volume_owner=lambda va: claimed.get(va["spec"]["source"]["persistentVolumeName"]))
+    w.busy(A)
+    w.busy(B)
+
+    def va(volume: str) -> dict[str, Any]:
+        return {"metadata": {"name": "csi-1"}, "spec": {"source": {"persistentVolumeName": volume}}}
+
+    assert w.on_event("volumeattachments", "DELETED", va("pv-a"), va("pv-a")) == {A}
+    assert w.on_event("volumeattachments", "DELETED", va("pv-x"), va("pv-x")) == {A, B}, (
+        "a volume no claim is known for: every busy pipeline, as one may wait for it"
+    )
+
+
 def test_a_busy_or_forgotten_pipeline_no_longer_rests_on_its_nodes() -> None:
     w = Wakeups()
     w.heartbeat("n1", 0.0)
