@@ -199,12 +199,14 @@ def test_two_pipelines_marking_one_node_at_once_lose_no_mark(
     """The node's out-of-service mark is shared by the pipelines relying on it; passes of
     two pipelines now run at once, and each write is a compare-and-set on the node's
     resourceVersion (retried on 409): two threads marking and unmarking one node, each
-    for its own pipelines, end with exactly the marks still wanted."""
-    kube = Kube(kube_namespace.api_client)
+    for its own pipelines, end with exactly the marks still wanted. (Each thread a Kube
+    of its own: one process's marks share writes, node_marks.py, which would hide the
+    compare-and-set.)"""
     node = busy_nodes.nodes[0]
     failures: list[BaseException] = []
 
     def mark(team: str) -> None:
+        kube = Kube(kube_namespace.api_client)
         try:
             for i in range(6):
                 assert kube.taint_out_of_service(node, f"{team}/p{i}")
