@@ -41,6 +41,7 @@ lease durations after the kill, 0 spurious handovers.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -298,6 +299,8 @@ class Crowded:
     volumes: tuple[int, int]  # attached to the node before; attached elsewhere after
     killed_at: datetime  # wall clock (the audit log's)
     cpu_share: float  # the operator's, from the kill to the last replacement's renewal
+    # each replacement's start in the simulation: milestone -> seconds after the kill
+    started: dict[str, list[float]]
 
 
 def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded:
@@ -326,6 +329,14 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded
         )
         for p in by_node[node]
     ]
+    successors = [
+        names.worker_pod(
+            p.metadata.labels[names.LABEL_PIPELINE],
+            int(p.metadata.labels[names.LABEL_PARTITION]),
+            int(p.metadata.labels[names.LABEL_EPOCH]) + 1,
+        )
+        for p in by_node[node]
+    ]
     pipelines = len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[node]})
     held = [v for v, n in attached_volumes(api, kubelets.volumes).items() if n == node]
     killed_at, cpu0, t0 = datetime.now().astimezone(), cpu_seconds(pid), time.monotonic()
@@ -340,16 +351,47 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded
     took = sorted(kubelets.taken[(lease, epoch + 1)] - t0 for lease, epoch in victims)
     now_on = attached_volumes(api, kubelets.volumes)
     moved = sum(1 for v in held if now_on.get(v) not in (None, node))
-    return Crowded(node, pipelines, took, (len(held), moved), killed_at, cpu_share)
+    started: dict[str, list[float]] = {}
+    for pod in successors:
+        for milestone, at in kubelets.milestones.get(pod, {}).items():
+            started.setdefault(milestone, []).append(at - t0)
+    return Crowded(node, pipelines, took, (len(held), moved), killed_at, cpu_share, started)
+
+
+OPERATOR_STEPS = {  # the Events a crowded node's handovers post, in order
+    "FailoverStarted": "decided",
+    "WorkerFenced": "fenced",
+    "WorkerDeleted": "released",
+    "WorkerCreated": "created",
+}
+
+
+def crowded_timeline(crowded: Crowded, records: list[dict[str, Any]]) -> str:
+    """Median seconds after the kill of each step of the node's handovers (the only ones
+    from the kill until the leader kill): the operator's from its log (the Events it
+    posted), the replacement's start from the simulation (a step saw it bound, then its
+    volume attached: Running), and its first renewal."""
+    at: dict[str, list[float]] = {}
+    for r in records:
+        step, when = OPERATOR_STEPS.get(str(r.get("reason"))), parse_time(r.get("timestamp"))
+        if step is not None and when is not None and when >= crowded.killed_at:
+            at.setdefault(step, []).append((when - crowded.killed_at).total_seconds())
+    at.update(crowded.started)
+    at["renewed"] = crowded.took
+    order = [*OPERATOR_STEPS.values(), "bound", "attached", "renewed"]
+    return ", ".join(f"{s} {statistics.median(at[s]):.1f}" for s in order if at.get(s))
 
 
 def requests_after(
-    cp: ControlPlane, since: datetime, seconds: float
+    cp: ControlPlane, since: datetime, seconds: float, keep: Path | None = None
 ) -> tuple[Counter[str], list[int]]:
     """The operator's API requests in the `seconds` after `since`, by verb and resource,
-    and how many each second (its client sends 20 a second, bursts of 30)."""
+    and how many each second; with `keep`, each one's audit event written there (a JSON
+    line each: when it was received and answered, what it asked)."""
     until = since + timedelta(seconds=seconds)
     events = audit_in(cp, since, until)
+    if keep is not None:
+        keep.write_text("".join(json.dumps(e) + "\n" for e in events))
     by_resource: Counter[str] = Counter()
     per_second = [0] * (int(seconds) + 1)
     for e in events:
@@ -426,7 +468,10 @@ def main() -> int:
         "--pass-threads", type=int, default=None, help="the operator's (default: its own)"
     )
     parser.add_argument(
-        "--operator-log", type=Path, help="keep the operator's log there (default: deleted)"
+        "--operator-log",
+        type=Path,
+        help="keep the operator's log there (default: deleted), and beside it (.audit.jsonl) "
+        "its API requests from the crowded node's kill on, as the audit log has them",
     )
     bench_results.add_arguments(parser)
     args = parser.parse_args()
@@ -571,7 +616,8 @@ def main() -> int:
             flush=True,
         )
         time.sleep(2.0)  # (the audit log's last lines written)
-        by_resource, per_second = requests_after(cp, crowded.killed_at, took[-1])
+        audit_kept = args.operator_log.with_suffix(".audit.jsonl") if args.operator_log else None
+        by_resource, per_second = requests_after(cp, crowded.killed_at, took[-1], audit_kept)
         print(
             f"  the operator's requests from the kill on: {sum(per_second)} "
             f"({', '.join(f'{k} {n}' for k, n in by_resource.most_common(8))}); "
@@ -581,6 +627,10 @@ def main() -> int:
         wait_until(lambda: "ready" in handover_steps(admin), 60, "the handovers recorded")
         steps = ", ".join(f"{k} {v:.1f}" for k, v in handover_steps(admin).items())
         print(f"  handover steps, median seconds after the decision: {steps}", flush=True)
+        print(
+            f"  median seconds after the kill: {crowded_timeline(crowded, op.log_records())}",
+            flush=True,
+        )
         leads, acts, spurious = leader_kill(admin, op, standby, pipelines[0])
         print(
             f"leader killed: the standby leads after {leads if leads is None else round(leads, 1)}s, acts (a deleted "

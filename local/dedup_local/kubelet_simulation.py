@@ -5,11 +5,13 @@ cluster's end-to-end tests and the demo run real ones.
 `Kubelets` plays the node agents of a set of nodes and the workers on them: one thread
 heartbeats the nodes that are up (a status report every `heartbeat_s`, each step when 0;
 with `node_lease_s` also the kube-node-lease Lease that often, as a kubelet does, which
-is how the operator judges a node in production), another reports bound worker pods
-Running and Ready, finishes graceful deletions, and renews each running worker's Lease
-by the worker's own rule every third of its duration (`dedup_contract.lease_clock`).
+is how the operator judges a node in production), another (woken by pod events) reports
+bound worker pods Running and Ready, its worker taking its Lease at once, and finishes
+graceful deletions, a third renews each running worker's Lease by the worker's own rule
+every third of its duration (`dedup_contract.lease_clock`).
 `taken` records when each Lease was first renewed at each epoch (a replacement's first
-renewal); `step_seconds` how long each step took. A lost node stops both threads' work
+renewal); `milestones` when a step first saw each pod bound and attached; `step_seconds`
+how long each step took. A lost node stops both threads' work
 for it and is reported NotReady at once. Pods and Leases are read from watches (the
 operator's `cache.WatchedKind`). No /metrics is served.
 
@@ -54,7 +56,7 @@ def _now() -> str:
 
 
 class Kubelets:
-    """The node agents and workers of a few fake nodes, in one thread."""
+    """The node agents and workers of a few fake nodes."""
 
     def __init__(
         self,
@@ -87,17 +89,23 @@ class Kubelets:
         # (Lease name, epoch) -> monotonic time of its first renewal at that epoch
         self.taken: dict[tuple[str, int], float] = {}
         self.step_seconds: list[float] = []  # how long each step took
+        # pod -> milestone -> monotonic time: a step first saw it "bound" (on an up node,
+        # not Running), then "attached" (its volume too), and reported it "running"
+        self.milestones: dict[str, dict[str, float]] = {}
         self.heartbeat_s = heartbeat_s
         self._reported: dict[str, float] = {}  # node -> monotonic time of its last report
         self.node_lease_s = node_lease_s
         self._beaten: dict[str, float] = {}  # node -> monotonic time of its last Lease renewal
         self._renewed: dict[str, float] = {}  # pod -> monotonic time of its last renewal
         worker = f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}"
+        self._start_wanted = threading.Event()
+        self._starts = threading.Thread(target=self._start_forever, daemon=True)
         self._pods = WatchedKind(
             f"simulated pods in {namespace}",
             self.core.list_namespaced_pod,
             namespace,
             label_selector=worker,
+            on_event=lambda *_: self._start_wanted.set(),
         )
         self._leases = WatchedKind(
             f"simulated leases in {namespace}", self.leases.list_namespaced_lease, namespace
@@ -109,9 +117,13 @@ class Kubelets:
         self._attachments = WatchedKind(
             "simulated volume attachments",
             client.StorageV1Api(api).list_volume_attachment,
-            on_event=lambda *_: self._attach_wanted.set(),
+            on_event=lambda *_: self._attachments_changed(),
         )
         self._attach_thread = threading.Thread(target=self._attach_forever, daemon=True)
+
+    def _attachments_changed(self) -> None:
+        self._attach_wanted.set()  # the attacher's turn
+        self._start_wanted.set()  # and a kubelet's: a volume attached starts its pod
 
     def create_volumes(self, pipeline: str, partitions: int) -> None:
         """Static PVs pre-bound to the pipeline's claims (no provisioner here)."""
@@ -234,61 +246,95 @@ class Kubelets:
             self._heartbeat(node)
 
     def _run(self) -> None:
+        """The workers: each Running one renews its Lease when due, a round every 0.5 s."""
         while not self._stop.wait(0.5):
-            try:
-                with self._lock:
-                    began = time.monotonic()
-                    self._step()
-                    self.step_seconds.append(time.monotonic() - began)
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    self.errors.append(f"{exc.status} {exc.reason}")
+            began = time.monotonic()
+            self._act(self._renew, _running, self._pod_list())
+            self.step_seconds.append(time.monotonic() - began)
 
-    def _step(self) -> None:
-        # from the watches (a list while one is not in sync)
+    def _start_forever(self) -> None:
+        """The kubelets: woken by each pod or VolumeAttachment event (and every 0.5 s),
+        each starts the pods bound to it once their volumes are attached and finishes
+        graceful deletions, apart from the workers' renewals (a thousand of them in one
+        round took seconds, and a replacement waited behind them: no kubelet does)."""
+        while not self._stop.is_set():
+            self._start_wanted.wait(0.5)
+            self._start_wanted.clear()
+            self._act(self._start, _not_running, self._pod_list())
+
+    def _pod_list(self) -> list[dict[str, Any]]:
+        """The worker pods, from the watch (a list while it is not in sync)."""
         held_pods = self._pods.items()
-        pods = (
-            list(held_pods.values())
-            if held_pods is not None
-            else _items(
-                self.core.list_namespaced_pod(
-                    self.namespace,
-                    label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
-                    _preload_content=False,
-                )
+        if held_pods is not None:
+            return list(held_pods.values())
+        return _items(
+            self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
+                _preload_content=False,
             )
         )
+
+    def _leases_now(self) -> dict[str, Any]:
         leases = self._leases.items()
         if leases is None:
             listed = _items(
                 self.leases.list_namespaced_lease(self.namespace, _preload_content=False)
             )
             leases = {lease["metadata"]["name"]: lease for lease in listed}
+        return leases
+
+    def _act(self, action: Any, wanted: Any, pods: list[dict[str, Any]]) -> None:
+        """`action(pod, leases, attached)` for each pod `wanted(pod)` says, on a node that
+        is up, under the lock one pod at a time (a node lost meanwhile: nothing more of
+        its pods; the lock taken only for the pods acted on, or the two threads queue
+        on it a thousand times a round)."""
+        todo = [pod for pod in pods if wanted(pod)]
+        if not todo:
+            return
+        leases = self._leases_now()
         attached = self._attached_now() if self.attach_volumes else set()
-        for pod in pods:
-            meta, status = pod["metadata"], pod.get("status") or {}
-            if (pod.get("spec") or {}).get("nodeName") not in self.up:
-                continue
-            name = meta["name"]
-            if meta.get("deletionTimestamp"):
-                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
-                continue
-            if status.get("phase") != "Running":
-                if not self._attached(pod, attached):
-                    continue  # the kubelet waits for its volume
-                self.core.patch_namespaced_pod_status(
-                    name,
-                    self.namespace,
-                    {
-                        "status": {
-                            "phase": "Running",
-                            "conditions": [
-                                {"type": "Ready", "status": "True", "lastTransitionTime": _now()}
-                            ],
-                        }
-                    },
-                )
-            self._hold_lease(pod, leases)
+        for pod in todo:
+            try:
+                with self._lock:
+                    if (pod.get("spec") or {}).get("nodeName") in self.up:
+                        action(pod, leases, attached)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    self.errors.append(f"{exc.status} {exc.reason}")
+
+    def _renew(self, pod: dict[str, Any], leases: dict[str, Any], attached: Any) -> None:
+        self._hold_lease(pod, leases)
+
+    def _start(
+        self, pod: dict[str, Any], leases: dict[str, Any], attached: set[tuple[str, str]]
+    ) -> None:
+        meta = pod["metadata"]
+        name = meta["name"]
+        if meta.get("deletionTimestamp"):
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+            return
+        seen = self.milestones.setdefault(name, {})
+        if "running" in seen:
+            return  # reported: the watch has not brought it back yet
+        seen.setdefault("bound", time.monotonic())
+        if not self._attached(pod, attached):
+            return  # the kubelet waits for its volume
+        seen.setdefault("attached", time.monotonic())
+        self.core.patch_namespaced_pod_status(
+            name,
+            self.namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": _now()}
+                    ],
+                }
+            },
+        )
+        seen["running"] = time.monotonic()
+        self._hold_lease(pod, leases)  # the worker takes its Lease as it starts
 
     def _attached_now(self) -> set[tuple[str, str]]:
         """(volume, node) of every VolumeAttachment attached and not being deleted."""
@@ -394,11 +440,13 @@ class Kubelets:
         self._leases.start()
         self._beats.start()
         self._thread.start()
+        self._starts.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._starts.join(timeout=10)
         self._beats.join(timeout=10)
         self._pods.stop()
         self._leases.stop()
@@ -406,6 +454,20 @@ class Kubelets:
         if self.attach_volumes:
             self._attach_thread.join(timeout=10)
             self._attachments.stop()
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    """A worker that runs: it renews its Lease."""
+    return (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get(
+        "deletionTimestamp"
+    )
+
+
+def _not_running(pod: dict[str, Any]) -> bool:
+    """A pod its kubelet has work for: one to start, or a graceful deletion to finish."""
+    return (pod.get("status") or {}).get("phase") != "Running" or bool(
+        pod["metadata"].get("deletionTimestamp")
+    )
 
 
 def simulated_output(topic: str, name: str) -> str:
