@@ -304,8 +304,9 @@ class Crowded:
 
 
 def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded:
-    """Kill the node carrying the most pipelines; seconds from the kill to each of its
-    workers' replacement's first Lease renewal at its new epoch."""
+    """Kill the node carrying the most pipelines just after its heartbeat (the decision
+    as late as nodeLostAfter lets it come: the worst case); seconds from the kill to each
+    of its workers' replacement's first Lease renewal at its new epoch."""
     pods: list[Any] = (
         client.CoreV1Api(api)
         .list_namespaced_pod(
@@ -339,6 +340,7 @@ def crowded_node(api: client.ApiClient, kubelets: Kubelets, pid: int) -> Crowded
     ]
     pipelines = len({p.metadata.labels[names.LABEL_PIPELINE] for p in by_node[node]})
     held = [v for v, n in attached_volumes(api, kubelets.volumes).items() if n == node]
+    kubelets.wait_for_heartbeat(node)  # the worst case: decided nodeLostAfter after
     killed_at, cpu0, t0 = datetime.now().astimezone(), cpu_seconds(pid), time.monotonic()
     kubelets.lose(node)
     wait_until(

@@ -219,6 +219,16 @@ class Kubelets:
             self.up.discard(node)
             self._report(node, False, transition=True)
 
+    def wait_for_heartbeat(self, node: str, timeout_s: float = 30.0) -> None:
+        """Return just after `node`'s heartbeat Lease is renewed (with `node_lease_s`): a
+        node lost then is seen silent by the operator for the longest a renewal period
+        allows before nodeLostAfter, so the decision comes as late as it can (a
+        failover's worst case, whatever the phase of the node's renewals)."""
+        last = self._beaten.get(node)
+        deadline = time.monotonic() + timeout_s
+        while self._beaten.get(node) == last and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def back(self, node: str) -> None:
         with self._lock, self._beat_lock:
             self.up.add(node)
