@@ -25,8 +25,10 @@ nodes at once), so a crowded node's handover includes every volume's detach:
    operator's user (not by its own counters), list calls, status writes per second, the
    host's CPU, and how long the simulation's renewal rounds took (a saturated run).
 4. **A crowded node dies**: the node carrying the most pipelines' partitions stops
-   (no heartbeats, its workers stop renewing); kill -> every replacement's first Lease
-   renewal at its new epoch, min/median/max.
+   (no heartbeats, its workers stop renewing) just after its heartbeat Lease's renewal,
+   so that the operator decides as late as `nodeLostAfter` allows (the worst case);
+   kill -> every replacement's first Lease renewal at its new epoch, min/median/max,
+   and the median second of each step after the kill.
 5. **The leader dies**: a second replica has stood by since the start; the leader is
    killed (SIGKILL) and, at the same moment, one worker pod is deleted (work for the
    new leader); kill -> the standby's "became leader", kill -> its FailoverStarted for
