@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dedup_local.cluster import ClusterTimings, LocalCluster
+from dedup_local.control_plane import KubectlError
 from dedup_local.kafka import KafkaBroker
 from support.cluster_fixtures import ClusterNamespace
 from support.operator_helpers import wait_for
@@ -86,7 +87,12 @@ spec:
         readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
         livenessProbe: {tcpSocket: {port: http}, periodSeconds: 2}
 """)  # fmt: skip
-    stand_in_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=90s")
+    try:
+        stand_in_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=90s")
+    except KubectlError:  # (once in CI, under the four groups' load): what the pod waited on
+        print(stand_in_cluster.kubectl("describe", "pods", "-n", ns, check=False).stdout)
+        print(stand_in_cluster.kubectl("get", "events", "-n", ns, "-o", "wide").stdout)
+        raise
     table = stand_in_cluster.kubectl("get", "pods", "-n", ns, "-o", "wide").stdout
     print(table)
     [pod] = pods(stand_in_cluster, ns, "app=web")
