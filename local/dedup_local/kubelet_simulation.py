@@ -11,8 +11,8 @@ graceful deletions, a third renews each running worker's Lease by the worker's o
 every third of its duration (`dedup_contract.lease_clock`).
 `taken` records when each Lease was first renewed at each epoch (a replacement's first
 renewal); `milestones` when a step first saw each pod bound and attached; `step_seconds`
-how long each step took. A lost node stops both threads' work
-for it and is reported NotReady at once. Pods and Leases are read from watches (the
+how long each renewal round took. A lost node stops every thread's work for it and is
+reported NotReady at once. Pods and Leases are read from watches (the
 operator's `cache.WatchedKind`). No /metrics is served.
 
 With `attach_volumes`, volumes are CSI volumes attached by the attach/detach controller
