@@ -727,26 +727,29 @@ class Kube:
         another pipeline. False (node untouched) if the node carries an out-of-service
         taint someone else set: that one is never claimed, so never lifted by us."""
         self._may_act(f"taint node {node}")
-
-        def write(marks: frozenset[str]) -> bool:
-            def attempt() -> bool:
-                version, taints, owners = self._node_taints(node)
-                has = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints)
-                if has and not owners:
-                    return False
-                if has and marks <= set(owners):
-                    return True
-                if not has:
-                    owners = []  # a mark without its taint is stale
-                    taint = {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown"}
-                    taints.append({**taint, "effect": "NoExecute"})
-                self._set_taints(node, version, taints, sorted({*owners, *marks}))
-                return True
-
-            return bool(self._retry_conflicts(attempt))
-
         # the marks other passes ask for meanwhile go in one write (node_marks.py)
-        return self._mark_batches.add(node, owner, write)
+        return self._mark_batches.add(node, owner, lambda marks: self._add_marks(node, marks))
+
+    def _add_marks(self, node: str, marks: frozenset[str]) -> bool:
+        """`taint_out_of_service` for every pipeline of `marks` in one compare-and-set
+        (retried on 409)."""
+
+        def attempt() -> bool:
+            version, taints, owners = self._node_taints(node)
+            has = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints)
+            if has and not owners:
+                return False
+            if has and marks <= set(owners):
+                return True
+            if not has:
+                owners = []  # a mark without its taint is stale
+                taints.append(
+                    {"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}
+                )
+            self._set_taints(node, version, taints, sorted({*owners, *marks}))
+            return True
+
+        return bool(self._retry_conflicts(attempt))
 
     def release_out_of_service(self, node: str, owner: str) -> bool:
         """Take pipeline `owner` off the node's out-of-service mark; with the last mark the
