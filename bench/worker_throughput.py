@@ -32,15 +32,17 @@ them, CPU seconds per record (worker processes and the broker, from /proc), peak
 Ownership (issue 26; WorkerConfig.owned_topic and .workers), each mode in its own
 section below, combinable in one invocation (run in this order):
 
-    python bench/worker_throughput.py --ownership-cost [--records 2000000,5000000] [--pairs 3]
+    python bench/worker_throughput.py --ownership-cost [--records 2000000,5000000] [--pairs 4]
     python bench/worker_throughput.py --round-robin [--records 2000000]
     python bench/worker_throughput.py --commit-p99 [--workers 4,16,64] [--records 1000000]
 
 * `--ownership-cost`: one input keyed by id over 4 partitions, 4 worker processes, in
   alternating runs on the same broker: (a) without ownership (worker p reads input p),
-  (b) under ownership (every record hashed, none forwarded). records/s of each, (b)/(a)
-  per pair and the median (target >= 0.97), and Kafka Streams (4 stream threads) once
-  per count on the same input.
+  (b) under ownership (every record hashed, none forwarded), in the order a b, b a,
+  a b, ... after `--warm-up-pairs` pairs not counted; before each run the earlier runs'
+  deleted topics are gone from disk and dirty pages written back. records/s of each,
+  (b)/(a) per pair and the median (target >= 0.97), and Kafka Streams (4 stream
+  threads) once per count on the same input.
 * `--round-robin`: record n on partition n % 4; ours: 4 workers under ownership (3/4 of
   the records forwarded); Kafka Streams re-keying by the id through a repartition topic
   (4 stream threads). Target >= 2x.
@@ -74,7 +76,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import results as bench_results
 from confluent_kafka import (
@@ -393,6 +395,20 @@ def cpu_seconds(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
 
 
+def cpu_seconds_by_thread(pid: int | str = "self") -> dict[str, float]:
+    """User + system CPU seconds of a process's live threads so far, summed by thread
+    name (Python's threads are all "python"; librdkafka names its own "rdk:...")."""
+    by_name: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789")
+            fields = stat[stat.rindex(")") + 2 :].split()
+            seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+            by_name[name] = by_name.get(name, 0.0) + seconds
+    return by_name
+
+
 def peak_rss_mib(pid: int | str = "self") -> float:
     """Peak resident set size (VmHWM) of a process, from /proc/PID/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -646,6 +662,7 @@ def owner_child(text: str) -> int:
         go.set()
 
     cpu_before = cpu_seconds()
+    threads_before = cpu_seconds_by_thread()
     worker = Counted(cfg)
     started = time.time()
     worker.start()
@@ -661,12 +678,17 @@ def owner_child(text: str) -> int:
             print(json.dumps(counts), flush=True)
             if not spec.coordinated and counts["input"] >= spec.input_records:
                 break
+    threads_cpu_s = {  # before close ends librdkafka's threads
+        name: seconds - threads_before.get(name, 0.0)
+        for name, seconds in cpu_seconds_by_thread().items()
+    }
     worker.close()
     print(
         json.dumps(
             {
                 **counts,
                 "final": True,
+                "threads_cpu_s": threads_cpu_s,
                 "started": started,
                 "ready": ready,
                 "went": went,
@@ -769,6 +791,8 @@ class OwnersRun:
     p99_ms: float
     forwarded: int
     worker_cpu_us: float
+    python_cpu_us: float  # of worker_cpu_us: Python's threads (librdkafka's, RocksDB's: the rest)
+    broker_cpu_us: float | None  # None: the bench did not start the broker
     results: list[dict[str, Any]]
 
 
@@ -808,7 +832,11 @@ def owners_run(
         )
         for w in range(workers)
     ]
+    settle(broker)
+    broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
     results = run_owners(specs)
+    if broker_cpu is not None and broker is not None and broker.pid:
+        broker_cpu = cpu_seconds(broker.pid) - broker_cpu
     for w in range(workers):
         shutil.rmtree(tmp / f"{name}-store-{w}", ignore_errors=True)
     wall = max(r["done"] for r in results) - min(r["started"] for r in results)
@@ -822,6 +850,8 @@ def owners_run(
         p99_ms=max(r["p99_commit_ms"] for r in results),
         forwarded=sum(r["forwarded"] for r in results),
         worker_cpu_us=sum(r["cpu_s"] for r in results) / records * 1e6,
+        python_cpu_us=sum(r["threads_cpu_s"].get("python", 0.0) for r in results) / records * 1e6,
+        broker_cpu_us=None if broker_cpu is None else broker_cpu / records * 1e6,
         results=results,
     )
 
@@ -857,9 +887,33 @@ def run_kstreams_on(
 
 
 def drop_topics(broker: KafkaBroker | None, *topics: str) -> None:
-    """Delete a finished run's topics (the bench's disk; nothing waits for it)."""
+    """Delete a finished run's topics (the bench's disk; `settle` waits for it)."""
     if broker is not None:
         broker.admin().delete_topics(list(topics), operation_timeout=30)
+
+
+BENCH_BROKER_CONFIG: Final = {
+    # A deleted topic's files go at once (the broker's default for the topic-level
+    # file.delete.delay.ms waits 60 s), and `settle` waits for them before the next
+    # timed run instead of letting them go during it.
+    "log.segment.delete.delay.ms": 0,
+}
+
+
+def settle(broker: KafkaBroker | None, timeout_s: float = 120.0) -> None:
+    """Before a timed run of the ownership modes: the earlier runs' deleted topics gone
+    from the broker's disk and every dirty page written back (os.sync), so that a run
+    does not pay for the run before it. Without this, a run's 1.5 GB of output (5M
+    records) was deleted and written back while a later run was timed, whichever mode
+    that was."""
+    if broker is not None:
+        deadline = time.monotonic() + timeout_s
+        while any(p.name.endswith("-delete") for p in broker.log_dir.iterdir()):
+            if time.monotonic() > deadline:
+                print(f"[bench] deleted topics still on disk after {timeout_s:.0f} s", flush=True)
+                break
+            time.sleep(0.2)
+    os.sync()
 
 
 def check_owned_output(
@@ -891,9 +945,11 @@ def run_ownership_cost(
     batch_size: int,
     peer: bool,
     figures: list[bench_results.Figure],
+    warm_up_pairs: int = 1,
 ) -> int:
     """(a) 4 workers without ownership against (b) 4 under ownership, alternating, on one
-    input keyed by id over 4 partitions (every record hashed, none forwarded)."""
+    input keyed by id over 4 partitions (every record hashed, none forwarded), after
+    `warm_up_pairs` pairs not counted."""
     partitions = 4
     print(
         f"[bench] ownership cost: keyed by id over {partitions} partitions, {partitions} worker "
@@ -915,9 +971,17 @@ def run_ownership_cost(
         del data
         plain: list[OwnersRun] = []
         owned: list[OwnersRun] = []
-        for pair in range(1, pairs + 1):
-            for mode in ("a", "b"):
-                name = f"oc-{records}-{mode}{pair}"
+        # The warm-up pairs (at the first count) are run and checked like the others,
+        # and not counted: the broker's CPU per record kept falling over the first
+        # 16M records after the untimed warm-up (3.6 -> 1.8 us), each run faster than
+        # the one before, whichever mode.
+        first_pair = 1 - warm_up_pairs if records == counts[0] else 1
+        for pair in range(first_pair, pairs + 1):
+            warming = pair < 1
+            # a b, b a, a b, ...: a drift of the machine over the invocation (the
+            # broker's disk, its JIT, the page cache) favours neither mode
+            for mode in ("a", "b") if pair % 2 else ("b", "a"):
+                name = f"oc-{records}-{mode}{pair if not warming else f'w{-pair}'}"
                 run = owners_run(
                     bootstrap,
                     broker,
@@ -928,12 +992,16 @@ def run_ownership_cost(
                     batch_size,
                     ownership=mode == "b",
                 )
-                (plain if mode == "a" else owned).append(run)
+                if not warming:
+                    (plain if mode == "a" else owned).append(run)
                 label = "(a) without ownership" if mode == "a" else "(b) under ownership  "
                 print(
-                    f"ours : {records:,} pair {pair} {label}: {run.records_per_s:>9,.0f} records/s "
+                    f"ours : {records:,} {'warm-up, not counted' if warming else f'pair {pair}'} "
+                    f"{label}: {run.records_per_s:>9,.0f} records/s "
                     f"(steady {run.steady_records_per_s:,.0f}/s, startup {run.startup_s:.2f}s)  "
-                    f"CPU/record (workers) {run.worker_cpu_us:.1f} us  "
+                    f"CPU/record: workers {run.worker_cpu_us:.1f} us (Python's threads "
+                    f"{run.python_cpu_us:.2f})"
+                    f"{'' if run.broker_cpu_us is None else f', broker {run.broker_cpu_us:.1f} us'}  "
                     f"commit p50 {run.p50_ms:.1f} ms p99 {run.p99_ms:.1f} ms (worst worker)  "
                     f"forwarded {run.forwarded}",
                     flush=True,
@@ -945,12 +1013,13 @@ def run_ownership_cost(
                     print(f"ERROR: {error}", file=sys.stderr)
                     return 1
                 drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
-            print(
-                f"ratio: {records:,} pair {pair}: (b)/(a) = "
-                f"{owned[-1].records_per_s / plain[-1].records_per_s:.3f}, steady "
-                f"{owned[-1].steady_records_per_s / plain[-1].steady_records_per_s:.3f}",
-                flush=True,
-            )
+            if not warming:
+                print(
+                    f"ratio: {records:,} pair {pair}: (b)/(a) = "
+                    f"{owned[-1].records_per_s / plain[-1].records_per_s:.3f}, steady "
+                    f"{owned[-1].steady_records_per_s / plain[-1].steady_records_per_s:.3f}",
+                    flush=True,
+                )
         ks_rate = None
         if peer:
             name = f"oc-{records}-kstreams"
@@ -1284,8 +1353,15 @@ def main() -> int:
     parser.add_argument(
         "--pairs",
         type=int,
-        default=3,
-        help="--ownership-cost: alternating pairs per count",
+        default=4,
+        help="--ownership-cost: alternating pairs per count (a b, then b a, ...)",
+    )
+    parser.add_argument(
+        "--warm-up-pairs",
+        type=int,
+        default=1,
+        help="--ownership-cost: pairs run first at the first count and not counted "
+        "(default 1; none with --no-warm-up)",
     )
     parser.add_argument(
         "--round-robin",
@@ -1341,7 +1417,7 @@ def run_modes(
             bootstrap = args.bootstrap
             broker = None
         else:
-            broker = stack.enter_context(KafkaBroker())
+            broker = stack.enter_context(KafkaBroker(config=BENCH_BROKER_CONFIG))
             bootstrap = broker.bootstrap
         if "kstreams" in peers:
             kstreams.build()  # before anything is timed
@@ -1364,6 +1440,7 @@ def run_modes(
                     args.batch_size,
                     "kstreams" in peers,
                     figures,
+                    warm_up_pairs=0 if args.no_warm_up else args.warm_up_pairs,
                 )
             if args.round_robin and not code:
                 code |= run_round_robin(
