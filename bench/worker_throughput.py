@@ -388,11 +388,20 @@ def check_output(
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int | str = "self") -> float:
-    """User + system CPU seconds of a process so far, from /proc/PID/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+def _stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds of a /proc stat line (a process's or a thread's)."""
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User + system CPU seconds of a process so far, from /proc/PID/stat."""
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+
+
+def broker_cpu_seconds(broker: KafkaBroker | None) -> float | None:
+    """`cpu_seconds` of the broker the bench started (None: not started by the bench)."""
+    return cpu_seconds(broker.pid) if broker is not None and broker.pid else None
 
 
 def cpu_seconds_by_thread(pid: int | str = "self") -> dict[str, float]:
@@ -403,9 +412,7 @@ def cpu_seconds_by_thread(pid: int | str = "self") -> dict[str, float]:
         with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
             stat = (task / "stat").read_text()
             name = stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789")
-            fields = stat[stat.rindex(")") + 2 :].split()
-            seconds = (int(fields[11]) + int(fields[12])) / _TICKS
-            by_name[name] = by_name.get(name, 0.0) + seconds
+            by_name[name] = by_name.get(name, 0.0) + _stat_cpu_seconds(stat)
     return by_name
 
 
@@ -512,7 +519,7 @@ def run_partitions(
         per_partition = [0] * n
         for key, _ in data:
             per_partition[owner(key, n)] += 1
-        broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
+        broker_before = broker_cpu_seconds(broker)
         children = [
             start_child(
                 bootstrap,
@@ -531,8 +538,10 @@ def run_partitions(
             except RuntimeError as exc:
                 print(f"ERROR: {exc}")
                 return 1
-        if broker_cpu is not None and broker is not None and broker.pid:
-            broker_cpu = cpu_seconds(broker.pid) - broker_cpu
+        broker_after = broker_cpu_seconds(broker)
+        broker_cpu = (
+            None if broker_before is None or broker_after is None else broker_after - broker_before
+        )
         wall = max(r["done"] for r in results) - min(r["started"] for r in results)
         worker_cpu = sum(r["cpu_s"] for r in results)
         row = {
@@ -833,10 +842,12 @@ def owners_run(
         for w in range(workers)
     ]
     settle(broker)
-    broker_cpu = cpu_seconds(broker.pid) if broker is not None and broker.pid else None
+    broker_before = broker_cpu_seconds(broker)
     results = run_owners(specs)
-    if broker_cpu is not None and broker is not None and broker.pid:
-        broker_cpu = cpu_seconds(broker.pid) - broker_cpu
+    broker_after = broker_cpu_seconds(broker)
+    broker_cpu = (
+        None if broker_before is None or broker_after is None else broker_after - broker_before
+    )
     for w in range(workers):
         shutil.rmtree(tmp / f"{name}-store-{w}", ignore_errors=True)
     wall = max(r["done"] for r in results) - min(r["started"] for r in results)
