@@ -883,6 +883,7 @@ def run_kstreams_on(
     if broker is not None:
         broker.create_topic(f"{name}-out", partitions)
         broker.create_topic(f"{name}-dlq", 1)
+    settle(broker)  # as before each of ours: the runs before it leave nothing to delete
     return kstreams.run(
         bootstrap,
         input_topic,
@@ -912,9 +913,9 @@ BENCH_BROKER_CONFIG: Final = {
 
 
 def settle(broker: KafkaBroker | None, timeout_s: float = 120.0) -> None:
-    """Before a timed run of the ownership modes: the earlier runs' deleted topics gone
-    from the broker's disk and every dirty page written back (os.sync), so that a run
-    does not pay for the run before it. Without this, a run's 1.5 GB of output (5M
+    """Before a timed run of the ownership modes (ours and the peer's): the earlier runs'
+    deleted topics gone from the broker's disk and every dirty page written back
+    (os.sync), so that a run does not pay for the run before it. Without this, a run's 1.5 GB of output (5M
     records) was deleted and written back while a later run was timed, whichever mode
     that was."""
     if broker is not None:
