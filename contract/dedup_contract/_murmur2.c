@@ -11,6 +11,9 @@
  *   murmur2(data: bytes) -> int           the signed 32-bit hash (Java's int)
  *   owner(data: bytes, workers: int) -> int
  *   owners(ids: Sequence[bytes], workers: int) -> list[int]   one call per batch
+ *   owners_unless_all(ids, workers, me) -> list[int] | None
+ *       None when `me` owns every id (the common case: producers keyed by id), so the
+ *       hot path builds no list and compares nothing in Python; else owners(ids, workers)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -85,6 +88,34 @@ owner(PyObject *module, PyObject *args)
     return PyLong_FromLong((long)((h & 0x7fffffffu) % (uint32_t)workers));
 }
 
+/* The ids of a sequence as a fast sequence of bytes, or NULL with an error set. */
+static PyObject *
+bytes_sequence(PyObject *ids, const char *caller)
+{
+    PyObject *seq = PySequence_Fast(ids, "takes a sequence of bytes");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "%s() takes bytes, not %.100s at %zd", caller,
+                         Py_TYPE(items[i])->tp_name, i);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    return seq;
+}
+
+static inline uint32_t
+owner_of(PyObject *item, uint32_t workers)
+{
+    uint32_t h = kafka_murmur2((const unsigned char *)PyBytes_AS_STRING(item),
+                               PyBytes_GET_SIZE(item));
+    return (h & 0x7fffffffu) % workers;
+}
+
 static PyObject *
 owners(PyObject *module, PyObject *args)
 {
@@ -94,7 +125,7 @@ owners(PyObject *module, PyObject *args)
         return NULL;
     if (check_workers(workers) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(ids, "owners() takes a sequence of bytes");
+    PyObject *seq = bytes_sequence(ids, "owners");
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -105,23 +136,58 @@ owners(PyObject *module, PyObject *args)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = items[i];
-        if (!PyBytes_Check(item)) {
-            PyErr_Format(PyExc_TypeError, "owners() takes bytes, not %.100s at %zd",
-                         Py_TYPE(item)->tp_name, i);
+        PyObject *number = PyLong_FromLong((long)owner_of(items[i], (uint32_t)workers));
+        if (number == NULL) {
             Py_DECREF(out);
             Py_DECREF(seq);
             return NULL;
         }
-        uint32_t h = kafka_murmur2((const unsigned char *)PyBytes_AS_STRING(item),
-                                   PyBytes_GET_SIZE(item));
-        PyObject *value = PyLong_FromLong((long)((h & 0x7fffffffu) % (uint32_t)workers));
-        if (value == NULL) {
+        PyList_SET_ITEM(out, i, number);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyObject *
+owners_unless_all(PyObject *module, PyObject *args)
+{
+    PyObject *ids;
+    long workers, me;
+    if (!PyArg_ParseTuple(args, "Oll:owners_unless_all", &ids, &workers, &me))
+        return NULL;
+    if (check_workers(workers) < 0)
+        return NULL;
+    PyObject *seq = bytes_sequence(ids, "owners_unless_all");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t first_other = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((long)owner_of(items[i], (uint32_t)workers) != me) {
+            first_other = i;
+            break;
+        }
+    }
+    if (first_other == n) {
+        Py_DECREF(seq);
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* the ids before first_other are me's: not hashed again */
+        long value = i < first_other ? me : (long)owner_of(items[i], (uint32_t)workers);
+        PyObject *number = PyLong_FromLong(value);
+        if (number == NULL) {
             Py_DECREF(out);
             Py_DECREF(seq);
             return NULL;
         }
-        PyList_SET_ITEM(out, i, value);
+        PyList_SET_ITEM(out, i, number);
     }
     Py_DECREF(seq);
     return out;
@@ -131,6 +197,8 @@ static PyMethodDef methods[] = {
     {"murmur2", murmur2, METH_O, "Kafka's murmur2 of the bytes, as a signed 32-bit int."},
     {"owner", owner, METH_VARARGS, "toPositive(murmur2(data)) % workers."},
     {"owners", owners, METH_VARARGS, "owner() of each bytes of a sequence, as a list."},
+    {"owners_unless_all", owners_unless_all, METH_VARARGS,
+     "None when `me` owns every id of the sequence, else owners(ids, workers)."},
     {NULL, NULL, 0, NULL},
 };
 

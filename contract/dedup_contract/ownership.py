@@ -35,6 +35,14 @@ def owners(utf8_ids: Sequence[bytes], workers: int) -> list[int]:
     return _murmur2.owners(utf8_ids, workers)
 
 
+def owners_unless_all_owned_by(
+    me: int, utf8_ids: Sequence[bytes], workers: int
+) -> list[int] | None:
+    """None when worker `me` owns every id (producers keyed by id: the hot path then
+    builds no list of owners and compares nothing in Python), else `owners`."""
+    return _murmur2.owners_unless_all(utf8_ids, workers, me)
+
+
 def murmur2(data: bytes) -> int:
     """Kafka's ``Utils.murmur2`` of the bytes, as a signed 32-bit int (in C)."""
     return _murmur2.murmur2(data)

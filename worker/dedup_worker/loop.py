@@ -596,8 +596,11 @@ class DedupWorker:
         cfg = self.config
         firsts, forwards = split.firsts, NO_FORWARDS
         if cfg.workers is not None and firsts:
-            owners = ownership.owners(firsts.utf8_ids, cfg.workers)
-            firsts, forwards = routing.route(firsts, owners, cfg.partition)
+            owners = ownership.owners_unless_all_owned_by(
+                cfg.partition, firsts.utf8_ids, cfg.workers
+            )
+            if owners is not None:  # else all are this worker's: producers keyed by id
+                firsts, forwards = routing.route(firsts, owners, cfg.partition)
         keys = firsts.keys
         present = self.store.contains_many(keys)
         flying = frozenset() if self._in_flight is None else self._in_flight.new_keys

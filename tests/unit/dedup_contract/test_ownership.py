@@ -14,6 +14,7 @@ from dedup_contract.ownership import (
     owner,
     owner_reference,
     owners,
+    owners_unless_all_owned_by,
 )
 
 # Kafka's clients/src/test/.../utils/UtilsTest.testMurmur2 (Java's Utils.murmur2).
@@ -84,6 +85,28 @@ def test_owners_of_a_batch_equal_one_by_one() -> None:
     assert owners([], 3) == []
 
 
+def test_owners_unless_all_owned_by_is_none_exactly_when_every_reference_owner_is_me() -> None:
+    rng = random.Random(11)
+    for workers in (1, 2, 4, 64):
+        ids = [rng.randbytes(rng.randrange(0, 40)) for _ in range(3000)]
+        by_reference = [owner_reference(d, workers) for d in ids]
+        for me in range(min(workers, 4)):
+            mine = [d for d, o in zip(ids, by_reference, strict=True) if o == me]
+            assert owners_unless_all_owned_by(me, mine, workers) is None
+            # one foreign id anywhere (first, middle, last): every owner, by the reference
+            others = [d for d, o in zip(ids, by_reference, strict=True) if o != me]
+            for at in (0, len(mine) // 2, len(mine)):
+                if not others:
+                    continue
+                batch = [*mine[:at], others[0], *mine[at:]]
+                expected = [owner_reference(d, workers) for d in batch]
+                assert owners_unless_all_owned_by(me, batch, workers) == expected
+            assert owners_unless_all_owned_by(me, ids, workers) == (
+                None if workers == 1 else by_reference
+            )
+    assert owners_unless_all_owned_by(0, [], 3) is None
+
+
 def test_bad_arguments_are_clear_errors() -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="workers must be positive"):
@@ -94,3 +117,7 @@ def test_bad_arguments_are_clear_errors() -> None:
             owner_reference(b"a", bad)
     with pytest.raises(TypeError, match="takes bytes, not str at 1"):
         owners([b"a", "b"], 3)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"owners_unless_all\(\) takes bytes, not str at 1"):
+        owners_unless_all_owned_by(0, [b"a", "b"], 3)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="workers must be positive"):
+        owners_unless_all_owned_by(0, [b"a"], 0)
