@@ -32,7 +32,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaError
 
@@ -96,10 +97,12 @@ class BrokersDown:
         return now_ms - self._failing_since
 
 
-def any_broker_up(statistics: str) -> bool | None:
-    """From a librdkafka statistics report (JSON): whether a broker connection is up;
-    None if the report names no broker (the client's internal one aside)."""
-    brokers = json.loads(statistics).get("brokers") or {}
+def any_broker_up(statistics: str | Mapping[str, Any]) -> bool | None:
+    """From a librdkafka statistics report (JSON, or as parsed by a caller that reads
+    more of it): whether a broker connection is up; None if the report names no broker
+    (the client's internal one aside)."""
+    report = json.loads(statistics) if isinstance(statistics, str) else statistics
+    brokers = report.get("brokers") or {}
     states = [b.get("state") for b in brokers.values() if b.get("source") != "internal"]
     if not states:
         return None
@@ -148,8 +151,9 @@ class ConnectionLog:
             with self._lock:
                 self.rule.all_down()
 
-    def statistics(self, report: str) -> None:
-        """From stats_cb: the connections' states librdkafka reports."""
+    def statistics(self, report: str | Mapping[str, Any]) -> None:
+        """From stats_cb: the connections' states librdkafka reports (its JSON, or as
+        parsed already)."""
         try:
             up = any_broker_up(report)
         except (ValueError, AttributeError, TypeError):  # not the report expected: no word

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import itemgetter, not_, or_
+from operator import countOf, itemgetter, not_, or_
 from typing import cast
 
 from confluent_kafka import (
@@ -304,14 +304,6 @@ class DedupWorker:
             raise
         self._producer_log.request_succeeded()
         self.consumer = Consumer(self._consumer_settings())
-        if cfg.owned_topic is not None:
-            self.admin = AdminClient(
-                {
-                    "bootstrap.servers": cfg.bootstrap_servers,
-                    "logger": self._admin_log,
-                    **cfg.kafka_settings,
-                }
-            )
         rebuild_from = None
         if cfg.window.duration_ms is not None:
             rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
@@ -547,13 +539,13 @@ class DedupWorker:
         the id rules, records of the internal topic by their forwarding header. Also
         each source's span and newest timestamp (for the window's clock)."""
         cfg = self.config
-        topics = list(map(_topic, records))
-        received = topics.count(owned_topic)
+        received = countOf(map(_topic, records), owned_topic)
         single = self._single_input
         if not received and single is not None:  # the common case: one input partition
             split = triage(records, cfg.id_spec)
             self._clock.read(single, split.newest_ms)
             return split, {single: _span(records)}, 0
+        topics = list(map(_topic, records))
         sources = list(zip(topics, map(_partition, records), strict=True))
         first, last = sources[0], sources[-1]
         newest: dict[Source, int] = {}
@@ -728,10 +720,12 @@ class DedupWorker:
         deleteRecords, as Kafka Streams does for repartition topics): the topic keeps
         every record (retention.ms -1) until its owner has consumed it."""
         now = time.monotonic()
-        if self.admin is None or now - self._deleted_at < DELETE_FORWARDED_EVERY_S:
+        cfg = self.config
+        if cfg.owned_topic is None or now - self._deleted_at < DELETE_FORWARDED_EVERY_S:
             return
         self._deleted_at = now
-        self.admin.poll(0)  # serves its log lines
+        if self.admin is not None:
+            self.admin.poll(0)  # serves its log lines
         due = {
             partition: offset
             for partition, offset in self._forwarded_committed.items()
@@ -739,7 +733,17 @@ class DedupWorker:
         }
         if not due:
             return
-        topic = str(self.config.owned_topic)
+        if self.admin is None:
+            # Made at the first records to delete: a worker whose producers key by id
+            # receives none, and an idle client's threads cost the others CPU.
+            self.admin = AdminClient(
+                {
+                    "bootstrap.servers": cfg.bootstrap_servers,
+                    "logger": self._admin_log,
+                    **cfg.kafka_settings,
+                }
+            )
+        topic = cfg.owned_topic
         asked = [TopicPartition(topic, partition, offset) for partition, offset in due.items()]
         try:
             futures = self.admin.delete_records(asked, request_timeout=30)
@@ -1149,12 +1153,17 @@ class DedupWorker:
         """The consumer's statistics (stats_cb, every second): its connections' states
         for the log levels, and each internal partition's high watermark and last stable
         offset for the age of the oldest open forwarder transaction."""
-        self._consumer_log.statistics(report)
         owned_topic = self.config.owned_topic
         if owned_topic is None:
+            self._consumer_log.statistics(report)
             return
+        try:  # parsed once for both readers
+            parsed = json.loads(report)
+        except ValueError:
+            return
+        self._consumer_log.statistics(parsed)
         try:
-            partitions = json.loads(report)["topics"][owned_topic]["partitions"]
+            partitions = parsed["topics"][owned_topic]["partitions"]
             now = time.monotonic()
             for number, stats in partitions.items():
                 partition = int(number)
