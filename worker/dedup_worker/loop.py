@@ -405,9 +405,17 @@ class DedupWorker:
         if self._observe_hold() is WorkerState.PAUSED:
             return self._paused_step()
         prepared = self._prepare()
+        in_flight = self._in_flight
         done, redo, expired = self._complete()
         if redo:
-            prepared = None  # the aborted batch is re-polled; what was prepared after it too
+            # The aborted batch is re-polled (_complete rewound its sources); what was
+            # prepared after it too: a source it did not read is rewound to where the
+            # prepared batch began it, or its records there would be skipped.
+            if prepared is not None and in_flight is not None:
+                self._rewind(
+                    {s: span for s, span in prepared.spans.items() if s not in in_flight.spans}
+                )
+            prepared = None
         elif expired and prepared is not None:
             # ids just expired are new
             prepared = self._look_up(
@@ -568,6 +576,12 @@ class DedupWorker:
             self._clock.read(source, newest_ms)
         return split, spans, received
 
+    def _rewind(self, spans: dict[Source, tuple[int, int]]) -> None:
+        """Read each source again from the first offset of its span."""
+        assert self.consumer is not None
+        for (topic, partition), (first, _) in spans.items():
+            self.consumer.seek(TopicPartition(topic, partition, first))
+
     def _clock_ends(self, messages: list[Message], records: int) -> None:
         """Sources the poll reached the end of no longer hold the window's clock back."""
         if records != len(messages):
@@ -619,8 +633,7 @@ class DedupWorker:
         self._in_flight = self._commit_result = None
         assert self.store is not None and self.consumer is not None
         if not future.result():  # raises Fenced
-            for (topic, partition), (first, _) in batch.spans.items():
-                self.consumer.seek(TopicPartition(topic, partition, first))
+            self._rewind(batch.spans)
             return _NOTHING, True, 0
         self.metrics.batch_seconds.observe(time.monotonic() - batch.started)
         faults.maybe_crash("after-commit")

@@ -336,6 +336,56 @@ def test_in_flight_batch_aborted_by_the_lapse_rewinds_the_input(tmp_path: Path) 
     w._committer.shutdown()
 
 
+def test_a_batch_aborted_by_kafka_rewinds_every_source_read_since_it_began(
+    tmp_path: Path,
+) -> None:
+    """An abortable transaction error (the Lease still held): the batch is redone, and
+    so is the batch prepared meanwhile, which read a source the aborted one did not (a
+    forwarded record, under ownership). That source is rewound to where the prepared
+    batch began it; otherwise its records there would never be read again."""
+    token = Token()
+    w = paused_worker(tmp_path, token)
+    seeks: list[tuple[str, int, int]] = []
+
+    class Consumer(FakeConsumer):
+        def seek(self, tp: TopicPartition) -> None:
+            seeks.append((tp.topic, tp.partition, tp.offset))
+
+        def consumer_group_metadata(self) -> object:
+            return object()
+
+    class Aborting(FakeProducer):
+        def send_offsets_to_transaction(self, offsets: Any, metadata: Any) -> None:
+            self.calls.append("offsets")
+
+        def commit_transaction(self) -> None:
+            self.calls.append("commit")
+            err = KafkaError(KafkaError.NOT_COORDINATOR, "moving", txn_requires_abort=True)
+            raise KafkaException(err)
+
+    w.consumer = Consumer(42)  # type: ignore[assignment]
+    w.producer = Aborting()  # type: ignore[assignment]
+    aborted = _Batch([], None, [], frozenset(), {("in", 0): (40, 41)})  # type: ignore[arg-type]
+    prepared = _Batch(
+        [],
+        None,  # type: ignore[arg-type]
+        [],  # type: ignore[arg-type]
+        frozenset(),
+        {("in", 0): (41, 43), ("in.owned", 0): (7, 9)},
+    )
+    w._prepare = lambda: prepared  # type: ignore[method-assign]
+    w._send = lambda b: pytest.fail("nothing is sent after an abort")  # type: ignore[method-assign]
+    w._in_flight = aborted
+    w._commit_result = w._committer.submit(w._commit, aborted)
+    w.process_batch()
+    assert w.producer.calls[-2:] == ["commit", "abort"]  # type: ignore[attr-defined]
+    assert w.state is RUNNING and w._in_flight is None
+    # the aborted batch's source from its first offset; the internal partition, which
+    # only the prepared batch read, from the prepared batch's first offset of it
+    assert sorted(seeks) == [("in", 0, 40), ("in.owned", 0, 7)]
+    w._committer.shutdown()
+
+
 def test_an_aborted_abort_is_a_kafka_failure_not_a_silent_pause(tmp_path: Path) -> None:
     token = Token()
     w = paused_worker(tmp_path, token)
