@@ -92,9 +92,15 @@ owner(PyObject *module, PyObject *args)
 static PyObject *
 bytes_sequence(PyObject *ids, const char *caller)
 {
-    PyObject *seq = PySequence_Fast(ids, "takes a sequence of bytes");
-    if (seq == NULL)
+    PyObject *seq = PySequence_Fast(ids, "not a sequence");
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s() takes a sequence of bytes, not %.100s", caller,
+                         Py_TYPE(ids)->tp_name);
+        }
         return NULL;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {

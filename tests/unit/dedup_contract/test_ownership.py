@@ -121,3 +121,5 @@ def test_bad_arguments_are_clear_errors() -> None:
         owners_unless_all_owned_by(0, [b"a", "b"], 3)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="workers must be positive"):
         owners_unless_all_owned_by(0, [b"a"], 0)
+    with pytest.raises(TypeError, match=r"owners\(\) takes a sequence of bytes, not int"):
+        owners(3, 3)  # type: ignore[arg-type]
