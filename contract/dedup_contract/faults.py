@@ -5,6 +5,10 @@ itself with that probability right after a Kafka commit and before the store wri
 one crash window that only the catch-up from the output topic can repair. Unset (always,
 in production) this costs one dictionary lookup per batch.
 
+`maybe_abortable_error` raises, with its point's probability, the error Kafka returns
+when a transaction must be aborted (`txn_requires_abort`): the worker aborts the batch and
+redoes it, as it does when a broker refuses the commit.
+
 `maybe_stop` is the same for a SIGSTOP of the whole process (all its threads), once: a
 test sets e.g. `operator-before-handover-record=1` on one operator replica to freeze it
 between a decision and its first write, and resumes it later with SIGCONT.
@@ -16,6 +20,8 @@ import os
 import random
 import signal
 import time
+
+from confluent_kafka import KafkaError, KafkaException
 
 ENV = "DEDUP_TEST_FAULTS"
 
@@ -40,6 +46,15 @@ def maybe_crash(point: str) -> None:
     probability = _POINTS.get(point)
     if probability is not None and random.random() < probability:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_abortable_error(point: str) -> None:
+    """Raise Kafka's abortable transaction error at `point` (with its probability)."""
+    probability = _POINTS.get(point)
+    if probability is not None and random.random() < probability:
+        raise KafkaException(
+            KafkaError(KafkaError._STATE, f"test fault {point}", txn_requires_abort=True)
+        )
 
 
 def maybe_stop(point: str) -> None:

@@ -112,6 +112,34 @@ def test_librdkafkas_default_partitioner_is_forwarded_and_its_share_shown(
     assert pipe.worker_log_problems() == []
 
 
+def test_batches_aborted_by_kafka_are_redone_with_every_forwarded_record(
+    kafka: Any, tmp_path: Path
+) -> None:
+    """Kafka aborts half the transactions (an abortable error before the commit,
+    the Lease still held): each aborted batch is redone, and so is the batch prepared
+    while it committed, including the forwarded records that only the prepared batch
+    read. Every id is published once; none is skipped."""
+    pipe = Pipeline(kafka, tmp_path, inputs=2)
+    ids = [f"abort-{i}" for i in range(3000)]
+    placement = pipe.placement(ids)
+    faulty = {"DEDUP_TEST_FAULTS": "abortable-before-commit=0.5"}
+    for worker in range(WORKERS):
+        pipe.start(worker, env=faulty)
+    for start in range(0, len(ids), 100):  # round-robin, in bursts: 1/2 forwarded
+        chunk = ids[start : start + 100]
+        produce(pipe.bootstrap, pipe.input_topic, [(i, i, n % 2) for n, i in enumerate(chunk)])
+        time.sleep(0.1)
+    pipe.wait_settled(set(ids), timeout_s=120)
+    time.sleep(2)
+    assert_exact(pipe.output(), placement)
+    aborts = sum(pipe.metric(w, "dedup_transaction_aborts_total") for w in range(WORKERS))
+    forwarded = sum(pipe.metric(w, "dedup_records_forwarded_total") for w in range(WORKERS))
+    print(f"{aborts:.0f} transactions aborted, {forwarded:.0f} records forwarded")
+    assert aborts >= 5 and forwarded > 0
+    pipe.stop_all()
+    assert pipe.worker_log_problems() == []  # an abort is a WARNING, redone
+
+
 def grow(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(30)

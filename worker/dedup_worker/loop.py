@@ -846,6 +846,7 @@ class DedupWorker:
                 self.consumer.consumer_group_metadata(),
             )
             faults.maybe_crash("before-commit")
+            faults.maybe_abortable_error("abortable-before-commit")
             if not self._check_token(producer):  # the flush may have taken a while
                 return False
             sent = time.time()
