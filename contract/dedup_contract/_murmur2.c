@@ -122,6 +122,27 @@ owner_of(PyObject *item, uint32_t workers)
     return (h & 0x7fffffffu) % workers;
 }
 
+/* The owner of each id of `seq` as a new list; the first `mine` ids are known to be
+ * `me`'s and are not hashed again. */
+static PyObject *
+owner_list(PyObject *seq, uint32_t workers, Py_ssize_t mine, long me)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *number = PyLong_FromLong(i < mine ? me : (long)owner_of(items[i], workers));
+        if (number == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, number);
+    }
+    return out;
+}
+
 static PyObject *
 owners(PyObject *module, PyObject *args)
 {
@@ -134,22 +155,7 @@ owners(PyObject *module, PyObject *args)
     PyObject *seq = bytes_sequence(ids, "owners");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *number = PyLong_FromLong((long)owner_of(items[i], (uint32_t)workers));
-        if (number == NULL) {
-            Py_DECREF(out);
-            Py_DECREF(seq);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, number);
-    }
+    PyObject *out = owner_list(seq, (uint32_t)workers, 0, 0);
     Py_DECREF(seq);
     return out;
 }
@@ -168,33 +174,10 @@ owners_unless_all(PyObject *module, PyObject *args)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t first_other = n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((long)owner_of(items[i], (uint32_t)workers) != me) {
-            first_other = i;
-            break;
-        }
-    }
-    if (first_other == n) {
-        Py_DECREF(seq);
-        Py_RETURN_NONE;
-    }
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* the ids before first_other are me's: not hashed again */
-        long value = i < first_other ? me : (long)owner_of(items[i], (uint32_t)workers);
-        PyObject *number = PyLong_FromLong(value);
-        if (number == NULL) {
-            Py_DECREF(out);
-            Py_DECREF(seq);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, number);
-    }
+    Py_ssize_t mine = 0;
+    while (mine < n && (long)owner_of(items[mine], (uint32_t)workers) == me)
+        mine++;
+    PyObject *out = mine == n ? Py_NewRef(Py_None) : owner_list(seq, (uint32_t)workers, mine, me);
     Py_DECREF(seq);
     return out;
 }
