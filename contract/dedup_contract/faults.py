@@ -42,16 +42,20 @@ def armed(point: str) -> bool:
     return point in _POINTS
 
 
-def maybe_crash(point: str) -> None:
+def _fires(point: str) -> bool:
+    """Whether `point`, if a test set it, fires this time (with its probability)."""
     probability = _POINTS.get(point)
-    if probability is not None and random.random() < probability:
+    return probability is not None and random.random() < probability
+
+
+def maybe_crash(point: str) -> None:
+    if _fires(point):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def maybe_abortable_error(point: str) -> None:
     """Raise Kafka's abortable transaction error at `point` (with its probability)."""
-    probability = _POINTS.get(point)
-    if probability is not None and random.random() < probability:
+    if _fires(point):
         raise KafkaException(
             KafkaError(KafkaError._STATE, f"test fault {point}", txn_requires_abort=True)
         )
@@ -59,8 +63,7 @@ def maybe_abortable_error(point: str) -> None:
 
 def maybe_stop(point: str) -> None:
     """SIGSTOP this process at `point` (with its probability), at most once per point."""
-    probability = _POINTS.get(point)
-    if probability is not None and random.random() < probability:
+    if _fires(point):
         del _POINTS[point]
         os.kill(os.getpid(), signal.SIGSTOP)
         # the stop reaches this thread only after another thread started the group stop:
