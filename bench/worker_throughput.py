@@ -404,6 +404,12 @@ def broker_cpu_seconds(broker: KafkaBroker | None) -> float | None:
     return cpu_seconds(broker.pid) if broker is not None and broker.pid else None
 
 
+def broker_cpu_since(broker: KafkaBroker | None, before: float | None) -> float | None:
+    """The broker's CPU seconds since `broker_cpu_seconds` gave `before` (None: unknown)."""
+    after = broker_cpu_seconds(broker)
+    return None if before is None or after is None else after - before
+
+
 def cpu_seconds_by_thread(pid: int | str = "self") -> dict[str, float]:
     """User + system CPU seconds of a process's live threads so far, summed by thread
     name (Python's threads are all "python"; librdkafka names its own "rdk:...")."""
@@ -538,10 +544,7 @@ def run_partitions(
             except RuntimeError as exc:
                 print(f"ERROR: {exc}")
                 return 1
-        broker_after = broker_cpu_seconds(broker)
-        broker_cpu = (
-            None if broker_before is None or broker_after is None else broker_after - broker_before
-        )
+        broker_cpu = broker_cpu_since(broker, broker_before)
         wall = max(r["done"] for r in results) - min(r["started"] for r in results)
         worker_cpu = sum(r["cpu_s"] for r in results)
         row = {
@@ -844,10 +847,7 @@ def owners_run(
     settle(broker)
     broker_before = broker_cpu_seconds(broker)
     results = run_owners(specs)
-    broker_after = broker_cpu_seconds(broker)
-    broker_cpu = (
-        None if broker_before is None or broker_after is None else broker_after - broker_before
-    )
+    broker_cpu = broker_cpu_since(broker, broker_before)
     for w in range(workers):
         shutil.rmtree(tmp / f"{name}-store-{w}", ignore_errors=True)
     wall = max(r["done"] for r in results) - min(r["started"] for r in results)
@@ -915,9 +915,9 @@ BENCH_BROKER_CONFIG: Final = {
 def settle(broker: KafkaBroker | None, timeout_s: float = 120.0) -> None:
     """Before a timed run of the ownership modes (ours and the peer's): the earlier runs'
     deleted topics gone from the broker's disk and every dirty page written back
-    (os.sync), so that a run does not pay for the run before it. Without this, a run's 1.5 GB of output (5M
-    records) was deleted and written back while a later run was timed, whichever mode
-    that was."""
+    (os.sync), so that a run does not pay for the run before it. Without this, a run's
+    1.5 GB of output (5M records) was deleted and written back while a later run was
+    timed, whichever mode that was."""
     if broker is not None:
         deadline = time.monotonic() + timeout_s
         while any(p.name.endswith("-delete") for p in broker.log_dir.iterdir()):
