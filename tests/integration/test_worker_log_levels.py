@@ -168,13 +168,18 @@ def test_all_brokers_down_for_over_30_s_is_an_error_then_the_worker_recovers(
     assert output_ids(broker.bootstrap, cfg.output_topic) == list(dict.fromkeys(sent))
 
 
+@pytest.mark.parametrize("ownership", [False, True], ids=["one-source", "ownership"])
 def test_a_broker_back_within_30_s_leaves_no_error_line(
-    kafka_broker_factory: Any, tmp_path: Path
+    kafka_broker_factory: Any, tmp_path: Path, ownership: bool
 ) -> None:
     """The broker is stopped and started again a few seconds after the worker's first
-    failed connection: WARNINGs only (judge_a_short_restart says how)."""
+    failed connection: WARNINGs only (judge_a_short_restart says how). Under ownership
+    the internal topic's own consumer fails its connections too, judged by its own
+    reports."""
     broker = kafka_broker_factory()
-    cfg = worker_config(broker.bootstrap, tmp_path, pipeline_on(broker, "in", "out", "dlq"))
+    name = pipeline_on(broker, "in", "out", "dlq", *(["owned"] if ownership else []))
+    owned = {"owned_topic": f"{name}-owned", "workers": 1} if ownership else {}
+    cfg = worker_config(broker.bootstrap, tmp_path, name, **owned)
     log = tmp_path / "worker.log"
     sent: list[str] = []
     proc = start_worker(cfg, log)

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import countOf, itemgetter, not_, or_
+from itertools import chain, repeat
+from operator import itemgetter, or_
 from typing import cast
 
 from confluent_kafka import (
@@ -267,9 +267,14 @@ class DedupWorker:
         self.store: Store | None = None
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
+        # Under ownership, the internal topic's own consumer (the same group, assigned
+        # partitions): each poll returns records of one kind, so no record's topic is
+        # read to tell forwarded records from input ones.
+        self.forwarded_consumer: Consumer | None = None
         # each client's log lines, judged by what that client reports of its brokers
         self._producer_log = ConnectionLog()
         self._consumer_log = ConnectionLog()
+        self._forwarded_log = ConnectionLog()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -304,6 +309,8 @@ class DedupWorker:
             raise
         self._producer_log.request_succeeded()
         self.consumer = Consumer(self._consumer_settings())
+        if cfg.owned_topic is not None:
+            self.forwarded_consumer = Consumer(self._forwarded_consumer_settings())
         rebuild_from = None
         if cfg.window.duration_ms is not None:
             rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
@@ -378,9 +385,10 @@ class DedupWorker:
         self._in_flight = self._commit_result = None
         self._committer.shutdown(wait=True)
         self.admin = None
-        if self.consumer is not None:
-            self.consumer.close()
-            self.consumer = None
+        for consumer in (self.consumer, self.forwarded_consumer):
+            if consumer is not None:
+                consumer.close()
+        self.consumer = self.forwarded_consumer = None
         if self.producer is not None:
             producer, self.producer = self.producer, None
             try:
@@ -493,7 +501,7 @@ class DedupWorker:
         else:
             offsets = self._resume_offsets(self._sources)
             for (topic, partition), offset in offsets.items():
-                self.consumer.seek(TopicPartition(topic, partition, offset))
+                self._consumer_of(topic).seek(TopicPartition(topic, partition, offset))
         paused_s = time.monotonic() - self._paused_at
         self.state = WorkerState.RUNNING
         self.metrics.paused.set(0)
@@ -513,23 +521,28 @@ class DedupWorker:
             time.monotonic() - self._discovered_at >= DISCOVER_EVERY_S
         ):
             self._discover()
-        messages = self.consumer.consume(cfg.batch_size, cfg.linger_ms / 1000)
+        received, received_messages = self._poll_forwarded()
+        # a backlog of forwarded records: no lingering for input records
+        backlog = len(received) >= max(1, cfg.batch_size // 2)
+        messages = self.consumer.consume(
+            max(1, cfg.batch_size - len(received)), 0 if backlog else cfg.linger_ms / 1000
+        )
         self.health.beat()
-        records = self._records(messages)
-        if not records:
+        inputs = self._records(messages)
+        if not inputs and not received:
             self._serve_idle_producer()
             self._update_lag()
             return None
         owned_topic = cfg.owned_topic
-        received = 0
         if owned_topic is None:  # one source
-            split = triage(records, cfg.id_spec)
+            split = triage(inputs, cfg.id_spec)
             source = (cfg.input_topic, cfg.partition)
-            spans = {source: _span(records)}
+            spans = {source: _span(inputs)}
             self._clock.read(source, split.newest_ms)
         else:
-            split, spans, received = self._triage_sources(records, owned_topic)
-        self._clock_ends(messages, len(records))
+            split, spans = self._triage_sources(inputs, received, owned_topic)
+        self._clock_ends(messages, len(inputs))
+        self._clock_ends(received_messages, len(received))
         if split.dead_letters and cfg.dead_letter_topic is None:
             bad = cast(Message, split.dead_letters[0].record)
             raise NoDeadLetterTopic(
@@ -538,23 +551,38 @@ class DedupWorker:
                 "dead-letter topic is configured; set --dead-letter-topic "
                 "(spec.kafka.deadLetterTopic) to route such records"
             )
-        return self._look_up(records, split, spans, received)
+        records = inputs + received if received else inputs
+        return self._look_up(records, split, spans, len(received))
+
+    def _poll_forwarded(self) -> tuple[list[Message], list[Message]]:
+        """(Ownership.) The forwarded records fetched so far, without waiting, up to
+        half a batch (the rest of the batch is left to the input): the records, and the
+        poll's messages with its partition-end events."""
+        if self.forwarded_consumer is None:
+            return [], []
+        messages = self.forwarded_consumer.consume(max(1, self.config.batch_size // 2), 0)
+        return self._records(messages), messages
 
     def _triage_sources(
-        self, records: list[Message], owned_topic: str
-    ) -> tuple[Triage, dict[Source, tuple[int, int]], int]:
+        self, inputs: list[Message], received: list[Message], owned_topic: str
+    ) -> tuple[Triage, dict[Source, tuple[int, int]]]:
         """Triage of a batch read from several sources (ownership): input records by
         the id rules, records of the internal topic by their forwarding header. Also
         each source's span and newest timestamp (for the window's clock)."""
         cfg = self.config
-        received = countOf(map(_topic, records), owned_topic)
         single = self._single_input
         if not received and single is not None:  # the common case: one input partition
-            split = triage(records, cfg.id_spec)
+            split = triage(inputs, cfg.id_spec)
             self._clock.read(single, split.newest_ms)
-            return split, {single: _span(records)}, 0
-        topics = list(map(_topic, records))
-        sources = list(zip(topics, map(_partition, records), strict=True))
+            return split, {single: _span(inputs)}
+        records = inputs + received
+        sources = list(
+            zip(
+                chain(repeat(cfg.input_topic, len(inputs)), repeat(owned_topic, len(received))),
+                map(_partition, records),
+                strict=True,
+            )
+        )
         first, last = sources[0], sources[-1]
         newest: dict[Source, int] = {}
         if first == last and sources.count(first) == len(sources):  # one source read
@@ -565,22 +593,17 @@ class DedupWorker:
                 if timestamp[1] > newest.get(source, 0):
                     newest[source] = timestamp[1]
         if not received:
-            split = triage(records, cfg.id_spec)
+            split = triage(inputs, cfg.id_spec)
         else:
-            forwarded = [topic == owned_topic for topic in topics]
-            split = routing.merge(
-                triage(list(compress(records, map(not_, forwarded))), cfg.id_spec),
-                routing.triage_forwarded(list(compress(records, forwarded))),
-            )
+            split = routing.merge(triage(inputs, cfg.id_spec), routing.triage_forwarded(received))
         for source, newest_ms in (newest or {first: split.newest_ms}).items():
             self._clock.read(source, newest_ms)
-        return split, spans, received
+        return split, spans
 
     def _rewind(self, spans: dict[Source, tuple[int, int]]) -> None:
         """Read each source again from the first offset of its span."""
-        assert self.consumer is not None
         for (topic, partition), (first, _) in spans.items():
-            self.consumer.seek(TopicPartition(topic, partition, first))
+            self._consumer_of(topic).seek(TopicPartition(topic, partition, first))
 
     def _clock_ends(self, messages: list[Message], records: int) -> None:
         """Sources the poll reached the end of no longer hold the window's clock back."""
@@ -1075,18 +1098,29 @@ class DedupWorker:
             )
 
     def _assign(self, sources: list[Source]) -> dict[Source, int]:
-        """Add `sources` to the consumer's assignment at their resume offsets."""
-        assert self.consumer is not None
+        """Add `sources` to their consumers' assignments at their resume offsets. A
+        consumer's first assignment replaces what it had (the catch-up's output
+        partition)."""
         offsets = self._resume_offsets(sources)
-        partitions = [TopicPartition(t, p, offset) for (t, p), offset in offsets.items()]
-        if self._sources:
-            self.consumer.incremental_assign(partitions)
-        else:
-            self.consumer.assign(partitions)
+        assigned = {topic for topic, _ in self._sources}
+        for topic in dict.fromkeys(topic for topic, _ in sources):
+            consumer = self._consumer_of(topic)
+            partitions = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if t == topic]
+            if topic in assigned:
+                consumer.incremental_assign(partitions)
+            else:
+                consumer.assign(partitions)
         self._sources = [*self._sources, *sources]
         inputs = [s for s in self._sources if s[0] == self.config.input_topic]
         self._single_input = inputs[0] if len(inputs) == 1 else None
         return offsets
+
+    def _consumer_of(self, topic: str) -> Consumer:
+        """The consumer that reads `topic`: the internal topic has its own."""
+        if topic == self.config.owned_topic and self.forwarded_consumer is not None:
+            return self.forwarded_consumer
+        assert self.consumer is not None
+        return self.consumer
 
     def _resume_offsets(self, sources: list[Source]) -> dict[Source, int]:
         """Each source's offset committed by the last transaction; a source with none
@@ -1133,19 +1167,25 @@ class DedupWorker:
 
     def _update_lag(self) -> None:
         """Records not read yet: of the input (consumer lag) and of the internal topic."""
-        assert self.consumer is not None
-        lag = {self.config.input_topic: 0, self.config.owned_topic: 0}
+        cfg = self.config
+        lag = (
+            {cfg.input_topic: 0}
+            if cfg.owned_topic is None
+            else dict.fromkeys((cfg.input_topic, cfg.owned_topic), 0)
+        )
         try:
-            positions = self.consumer.position([TopicPartition(*s) for s in self._sources])
-            for tp in positions:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0 and tp.offset >= 0:
-                    lag[tp.topic] += max(0, high - tp.offset)
+            for topic in lag:
+                consumer = self._consumer_of(topic)
+                read = [TopicPartition(t, p) for t, p in self._sources if t == topic]
+                for tp in consumer.position(read) if read else ():
+                    _, high = consumer.get_watermark_offsets(tp, cached=True)
+                    if high >= 0 and tp.offset >= 0:
+                        lag[topic] += max(0, high - tp.offset)
         except KafkaException:
             return
-        self.metrics.consumer_lag.set(lag[self.config.input_topic])
-        if self.config.owned_topic is not None:
-            self.metrics.forwarded_lag.set(lag[self.config.owned_topic])
+        self.metrics.consumer_lag.set(lag[cfg.input_topic])
+        if cfg.owned_topic is not None:
+            self.metrics.forwarded_lag.set(lag[cfg.owned_topic])
 
     def _refresh_store_gauges(self) -> None:
         assert self.store is not None
@@ -1163,19 +1203,17 @@ class DedupWorker:
             self._disk_measured = now
             self.metrics.store_bytes.set(self.store.disk_bytes())
 
-    def _on_consumer_statistics(self, report: str) -> None:
-        """The consumer's statistics (stats_cb, every second): its connections' states
-        for the log levels, and each internal partition's high watermark and last stable
-        offset for the age of the oldest open forwarder transaction."""
+    def _on_forwarded_statistics(self, report: str) -> None:
+        """The internal topic's consumer's statistics (stats_cb, every second): its
+        connections' states for the log levels, and each internal partition's high
+        watermark and last stable offset for the age of the oldest open forwarder
+        transaction."""
         owned_topic = self.config.owned_topic
-        if owned_topic is None:
-            self._consumer_log.statistics(report)
-            return
         try:  # parsed once for both readers
             parsed = json.loads(report)
         except ValueError:
             return
-        self._consumer_log.statistics(parsed)
+        self._forwarded_log.statistics(parsed)
         try:
             partitions = parsed["topics"][owned_topic]["partitions"]
             now = time.monotonic()
@@ -1216,7 +1254,7 @@ class DedupWorker:
             "logger": self._consumer_log,
             "error_cb": self._consumer_log.error,
             # The consumer is polled all the time: its reports say when a broker is up.
-            "stats_cb": self._on_consumer_statistics,
+            "stats_cb": self._consumer_log.statistics,
             "statistics.interval.ms": STATISTICS_INTERVAL_MS,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -1228,4 +1266,14 @@ class DedupWorker:
             "max.partition.fetch.bytes": 10_485_760,
             "queued.min.messages": max(100_000, cfg.batch_size * 4),
             **cfg.kafka_settings,
+        }
+
+    def _forwarded_consumer_settings(self) -> dict[str, object]:
+        """(Ownership.) The internal topic's consumer: the input consumer's settings,
+        with its own log judge and statistics reader (polled at every batch too)."""
+        return {
+            **self._consumer_settings(),
+            "logger": self._forwarded_log,
+            "error_cb": self._forwarded_log.error,
+            "stats_cb": self._on_forwarded_statistics,
         }

@@ -7,6 +7,7 @@ API (errors, 409 with a re-read), and the loop's pause and resume with fake Kafk
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -345,11 +346,16 @@ def test_a_batch_aborted_by_kafka_rewinds_every_source_read_since_it_began(
     batch began it; otherwise its records there would never be read again."""
     token = Token()
     w = paused_worker(tmp_path, token)
-    seeks: list[tuple[str, int, int]] = []
+    w.config = replace(w.config, owned_topic="in.owned", workers=1)
+    seeks: list[tuple[str, str, int, int]] = []
 
     class Consumer(FakeConsumer):
+        def __init__(self, committed: int, reads: str) -> None:
+            super().__init__(committed)
+            self.reads = reads
+
         def seek(self, tp: TopicPartition) -> None:
-            seeks.append((tp.topic, tp.partition, tp.offset))
+            seeks.append((self.reads, tp.topic, tp.partition, tp.offset))
 
         def consumer_group_metadata(self) -> object:
             return object()
@@ -363,7 +369,8 @@ def test_a_batch_aborted_by_kafka_rewinds_every_source_read_since_it_began(
             err = KafkaError(KafkaError.NOT_COORDINATOR, "moving", txn_requires_abort=True)
             raise KafkaException(err)
 
-    w.consumer = Consumer(42)  # type: ignore[assignment]
+    w.consumer = Consumer(42, "input")  # type: ignore[assignment]
+    w.forwarded_consumer = Consumer(0, "forwarded")  # type: ignore[assignment]
     w.producer = Aborting()  # type: ignore[assignment]
     aborted = _Batch([], None, [], frozenset(), {("in", 0): (40, 41)})  # type: ignore[arg-type]
     prepared = _Batch(
@@ -381,8 +388,9 @@ def test_a_batch_aborted_by_kafka_rewinds_every_source_read_since_it_began(
     assert w.producer.calls[-2:] == ["commit", "abort"]  # type: ignore[attr-defined]
     assert w.state is RUNNING and w._in_flight is None
     # the aborted batch's source from its first offset; the internal partition, which
-    # only the prepared batch read, from the prepared batch's first offset of it
-    assert sorted(seeks) == [("in", 0, 40), ("in.owned", 0, 7)]
+    # only the prepared batch read, from the prepared batch's first offset of it, each
+    # by the consumer that reads it
+    assert sorted(seeks) == [("forwarded", "in.owned", 0, 7), ("input", "in", 0, 40)]
     w._committer.shutdown()
 
 
