@@ -309,8 +309,6 @@ class DedupWorker:
             raise
         self._producer_log.request_succeeded()
         self.consumer = Consumer(self._consumer_settings())
-        if cfg.owned_topic is not None:
-            self.forwarded_consumer = Consumer(self._forwarded_consumer_settings())
         rebuild_from = None
         if cfg.window.duration_ms is not None:
             rebuild_from = int(self.clock() * 1000) - cfg.window.duration_ms
@@ -319,6 +317,8 @@ class DedupWorker:
         )
         if self.store.switching:
             self._switch_store(rebuild_from)
+        if cfg.owned_topic is not None:  # made now: a consumer not polled queues its reports
+            self.forwarded_consumer = Consumer(self._forwarded_consumer_settings())
         self._sources = []
         resume = self._assign(self._find_sources())
         seconds = time.monotonic() - started
@@ -1098,9 +1098,8 @@ class DedupWorker:
             )
 
     def _assign(self, sources: list[Source]) -> dict[Source, int]:
-        """Add `sources` to their consumers' assignments at their resume offsets. A
-        consumer's first assignment replaces what it had (the catch-up's output
-        partition)."""
+        """Add `sources` to their consumers' assignments at their resume offsets (a
+        consumer's first assignment, an incremental one after it)."""
         offsets = self._resume_offsets(sources)
         assigned = {topic for topic, _ in self._sources}
         for topic in dict.fromkeys(topic for topic, _ in sources):
