@@ -533,6 +533,7 @@ class DedupWorker:
             self._serve_idle_producer()
             self._update_lag()
             return None
+        records = inputs + received if received else inputs
         owned_topic = cfg.owned_topic
         if owned_topic is None:  # one source
             split = triage(inputs, cfg.id_spec)
@@ -540,7 +541,7 @@ class DedupWorker:
             spans = {source: _span(inputs)}
             self._clock.read(source, split.newest_ms)
         else:
-            split, spans = self._triage_sources(inputs, received, owned_topic)
+            split, spans = self._triage_sources(records, inputs, received, owned_topic)
         self._clock_ends(messages, len(inputs))
         self._clock_ends(received_messages, len(received))
         if split.dead_letters and cfg.dead_letter_topic is None:
@@ -551,7 +552,6 @@ class DedupWorker:
                 "dead-letter topic is configured; set --dead-letter-topic "
                 "(spec.kafka.deadLetterTopic) to route such records"
             )
-        records = inputs + received if received else inputs
         return self._look_up(records, split, spans, len(received))
 
     def _poll_forwarded(self) -> tuple[list[Message], list[Message]]:
@@ -564,18 +564,22 @@ class DedupWorker:
         return self._records(messages), messages
 
     def _triage_sources(
-        self, inputs: list[Message], received: list[Message], owned_topic: str
+        self,
+        records: list[Message],
+        inputs: list[Message],
+        received: list[Message],
+        owned_topic: str,
     ) -> tuple[Triage, dict[Source, tuple[int, int]]]:
-        """Triage of a batch read from several sources (ownership): input records by
-        the id rules, records of the internal topic by their forwarding header. Also
-        each source's span and newest timestamp (for the window's clock)."""
+        """Triage of a batch read from several sources (ownership; `records` is
+        `inputs` then `received`): input records by the id rules, records of the
+        internal topic by their forwarding header. Also each source's span and newest
+        timestamp (for the window's clock)."""
         cfg = self.config
         single = self._single_input
         if not received and single is not None:  # the common case: one input partition
             split = triage(inputs, cfg.id_spec)
             self._clock.read(single, split.newest_ms)
             return split, {single: _span(inputs)}
-        records = inputs + received
         sources = list(
             zip(
                 chain(repeat(cfg.input_topic, len(inputs)), repeat(owned_topic, len(received))),
@@ -1167,11 +1171,7 @@ class DedupWorker:
     def _update_lag(self) -> None:
         """Records not read yet: of the input (consumer lag) and of the internal topic."""
         cfg = self.config
-        lag = (
-            {cfg.input_topic: 0}
-            if cfg.owned_topic is None
-            else dict.fromkeys((cfg.input_topic, cfg.owned_topic), 0)
-        )
+        lag = dict.fromkeys((t for t in (cfg.input_topic, cfg.owned_topic) if t is not None), 0)
         try:
             for topic in lag:
                 consumer = self._consumer_of(topic)
