@@ -132,8 +132,16 @@ class CsiController(Started):
         return self.data_dir / "logs" / f"{component}.log"
 
     def disks(self) -> dict[str, dict[str, Any]]:
-        """The driver's records of its disks by id: name, capacity, `node` attached to."""
-        return {path.stem: json.loads(path.read_text()) for path in self.disks_dir.glob("*.json")}
+        """The driver's records of its disks by id: name, capacity, `node` attached to.
+        A record the driver removes between the listing and its read (the disk deleted
+        meanwhile) is not among them."""
+        records: dict[str, dict[str, Any]] = {}
+        for path in self.disks_dir.glob("*.json"):
+            try:
+                records[path.stem] = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue
+        return records
 
     def start(self) -> CsiController:
         """Apply the sidecars' RBAC, the CSIDriver and the StorageClass; start the driver
