@@ -155,10 +155,13 @@ def run(
     window_ms: int = 7 * 24 * 3600 * 1000,
     threads: int = 1,
     topology: str = "plain",
+    application_id: str | None = None,
 ) -> PeerResult:
     """Run the peer until it has committed all ``records`` input records; its timing.
     ``threads`` is its num.stream.threads; ``topology`` "plain" (dedup reads the input)
-    or "repartition" (re-key by the id through a repartition topic first)."""
+    or "repartition" (re-key by the id through a repartition topic first);
+    ``application_id`` its consumer group and the prefix of its internal topics (default
+    ``kstreams-<input>``: a second run on one input needs another)."""
     jar = build()
     command = [
         java_path("the Kafka Streams peer"),
@@ -180,6 +183,7 @@ def run(
         str(threads),
         "--topology",
         topology,
+        *(["--application-id", application_id] if application_id else []),
     ]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -428,7 +428,7 @@ public final class KStreamsDedup {
       System.err.println(
           "usage: BOOTSTRAP INPUT OUTPUT DLQ RECORDS OUTPUTS STATE_DIR [--store window|kv]"
               + " [--window-ms MS] [--id-source jsonField|header|key] [--id-field NAME]"
-              + " [--threads N] [--topology plain|repartition]");
+              + " [--threads N] [--topology plain|repartition] [--application-id ID]");
       System.exit(2);
     }
     String bootstrap = argv[0], input = argv[1], output = argv[2], dlq = argv[3];
@@ -436,6 +436,7 @@ public final class KStreamsDedup {
     Path stateDir = Path.of(argv[6]);
     String storeKind = "window", idSource = "jsonField", idField = "messageId";
     String topologyKind = "plain";
+    String appId = "kstreams-" + input;
     int threads = 1;
     long windowMs = 7L * 24 * 3600 * 1000;
     for (int i = 7; i + 1 < argv.length; i += 2) {
@@ -446,10 +447,10 @@ public final class KStreamsDedup {
         case "--id-field" -> idField = argv[i + 1];
         case "--threads" -> threads = Integer.parseInt(argv[i + 1]);
         case "--topology" -> topologyKind = argv[i + 1];
+        case "--application-id" -> appId = argv[i + 1];
         default -> throw new IllegalArgumentException("unknown option " + argv[i]);
       }
     }
-    String appId = "kstreams-" + input;
     IdRule rule = new IdRule(idSource, idField);
     final String kind = storeKind;
     final long window = windowMs;
