@@ -810,6 +810,15 @@ class OwnersRun:
     broker_cpu_us: float | None  # None: the bench did not start the broker
     results: list[dict[str, Any]]
 
+    @property
+    def commit_interval_ms(self) -> float:
+        """How often a worker committed, from the go to its last batch (median worker)."""
+        return float(
+            statistics.median(
+                (r["done"] - r["went"]) / r["commits"] * 1000 for r in self.results if r["commits"]
+            )
+        )
+
 
 def owners_run(
     bootstrap: str,
@@ -1252,8 +1261,8 @@ def run_round_robin(
                     f"forwarded {run.forwarded:,} = {run.forwarded / records:.1%} of the input; "
                     f"CPU/record: workers {run.worker_cpu_us:.1f} us"
                     f"{'' if run.broker_cpu_us is None else f', broker {run.broker_cpu_us:.1f} us'}; "
-                    f"startup {run.startup_s:.2f}s; commit p50 {run.p50_ms:.1f} ms p99 "
-                    f"{run.p99_ms:.1f} ms, worst worker)",
+                    f"startup {run.startup_s:.2f}s; a commit every {run.commit_interval_ms:.0f} ms; "
+                    f"commit p50 {run.p50_ms:.1f} ms p99 {run.p99_ms:.1f} ms, worst worker)",
                     flush=True,
                 )
                 error = check_owned_output(bootstrap, "ours", f"{name}-out", uniques, partitions)
