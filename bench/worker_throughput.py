@@ -46,7 +46,7 @@ section below, combinable in one invocation (run in this order):
 * `--round-robin`: record n on partition n % 4; ours: 4 workers under ownership (3/4 of
   the records forwarded); Kafka Streams re-keying by the id through a repartition topic
   (4 stream threads). First, untimed, ours runs over a round-robin input of its own until
-  the broker's CPU per record settles, then Kafka Streams once (`warm_round_robin`);
+  the broker's CPU per record stops falling, then Kafka Streams once (`warm_round_robin`);
   then `--round-robin-runs` runs of each, ours and the peer alternating (ours, peer,
   peer, ours, ...), and the medians are compared. Target >= 2x.
 * `--commit-p99`: one worker process, worker 0 of W under ownership, on a 1-partition
@@ -1152,11 +1152,12 @@ def warm_round_robin(
     peer: bool,
 ) -> None:
     """Untimed: ours over a round-robin input of its own, run after run, until the
-    broker's CPU per record stops falling (`broker_is_warm`); then Kafka Streams once over it. The keyed warm-up
-    (`warm_broker`) leaves the broker's round-robin paths cold (the internal topic's
-    produce and read_committed fetches, transactions over five partitions): its CPU per
-    record fell from 10.3 to 4.1 us over the first eight 2M round-robin runs of one
-    invocation (bench/HISTORY.md), and a production broker runs warm."""
+    broker's CPU per record stops falling (`broker_is_warm`); then Kafka Streams once
+    over it. The keyed warm-up (`warm_broker`) leaves the broker's round-robin paths cold
+    (the internal topic's produce and read_committed fetches, transactions over five
+    partitions): its CPU per record fell from 10.3 to 4.1 us over the first nine 2M
+    round-robin runs on one broker (bench/HISTORY.md), and a production broker runs
+    warm."""
     partitions = 4
     input_topic = "rr-warm-up-in"
     data = workload(RR_WARM_UP_RECORDS, seed=13)
