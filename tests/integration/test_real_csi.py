@@ -252,6 +252,8 @@ def test_disk_attaches_to_one_node_and_moves(csi_cluster: CsiCluster) -> None:
     timings["reader running on the other node after the deletion"] = time.monotonic() - t0
     assert list(_attachments(cluster, pv_name)) == [second.name]
     assert cluster.csi.disks()[disk]["node"] == second.name
+    # Ready as soon as its container starts: its `cat` may not have reached the log yet
+    _until("reader's output logged", lambda: cp.kubectl("logs", "reader").stdout, timeout=30)
     assert cp.kubectl("logs", "reader").stdout == "written-on-writer\n"
     cp.kubectl("exec", "reader", "--", "sh", "-c", "echo before-the-kill > /data/second")
 
