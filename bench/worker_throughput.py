@@ -926,12 +926,19 @@ BENCH_BROKER_CONFIG: Final = {
 }
 
 
-def drop_kstreams_topics(broker: KafkaBroker | None, application_id: str) -> None:
-    """Delete a finished Kafka Streams run's internal topics (its repartition topic and
-    its store's changelog, named after its application id)."""
+def drop_run_topics(broker: KafkaBroker | None, name: str) -> None:
+    """Delete a finished run of ours' topics: its output, dead letters and internal topic."""
+    drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+
+
+def drop_kstreams_run(broker: KafkaBroker | None, tmp: Path, name: str) -> None:
+    """Delete what a finished Kafka Streams run named `name`, with `name` as its
+    application id, leaves: its topics (output, dead letters, and its internal repartition
+    and changelog topics, all named `<name>-...`) and its state directory."""
     if broker is not None:
         topics = broker.admin().list_topics(timeout=30).topics
-        drop_topics(broker, *[t for t in topics if t.startswith(f"{application_id}-")])
+        drop_topics(broker, *[t for t in topics if t.startswith(f"{name}-")])
+    shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
 
 
 def settle(broker: KafkaBroker | None, timeout_s: float = 120.0) -> None:
@@ -1046,7 +1053,7 @@ def run_ownership_cost(
                 if error:
                     print(f"ERROR: {error}", file=sys.stderr)
                     return 1
-                drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+                drop_run_topics(broker, name)
             if not warming:
                 print(
                     f"ratio: {records:,} pair {pair}: (b)/(a) = "
@@ -1172,7 +1179,7 @@ def warm_round_robin(
         run = owners_run(
             bootstrap, broker, name, input_topic, per_partition, tmp, batch_size, ownership=True
         )
-        drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+        drop_run_topics(broker, name)
         broker_us.append(run.broker_cpu_us or 0.0)
         print(
             f"[bench] round-robin warm-up {run_number} (untimed): ours {run.records_per_s:,.0f} "
@@ -1200,8 +1207,7 @@ def warm_round_robin(
             "records/s",
             flush=True,
         )
-        drop_kstreams_topics(broker, name)
-        shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
+        drop_kstreams_run(broker, tmp, name)
     drop_topics(broker, input_topic)
 
 
@@ -1267,7 +1273,7 @@ def run_round_robin(
                     flush=True,
                 )
                 error = check_owned_output(bootstrap, "ours", f"{name}-out", uniques, partitions)
-                drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+                drop_run_topics(broker, name)
             elif peer:
                 name = f"rr-{records}-kstreams{run_number}"
                 before = broker_cpu_seconds(broker)
@@ -1296,9 +1302,7 @@ def run_round_robin(
                 error = check_owned_output(
                     bootstrap, "Kafka Streams", f"{name}-out", uniques, partitions
                 )
-                drop_topics(broker, f"{name}-out", f"{name}-dlq")
-                drop_kstreams_topics(broker, name)
-                shutil.rmtree(tmp / f"{name}-state", ignore_errors=True)
+                drop_kstreams_run(broker, tmp, name)
             else:
                 continue
             if error:
@@ -1422,7 +1426,7 @@ def run_commit_p99(
                 file=sys.stderr,
             )
             return 1
-        drop_topics(broker, f"{name}-out", f"{name}-dlq", f"{name}-owned")
+        drop_run_topics(broker, name)
         loads.append(os.getloadavg()[0])
     print(f"{'W':>4} {'commits':>8} {'p50 ms':>7} {'p99 ms':>7} {'records/s':>10}")
     for workers, result, rate in rows:
