@@ -26,12 +26,7 @@ DRIVER_SRC="$REPO_ROOT/local/csi-disk"
 # Bump when a recipe below changes in a way that should rebuild what is cached.
 RECIPE=1
 
-export GOCACHE="${DEDUP_GOCACHE:-$DEDUP_CACHE/go-build}"
-export GOWORK=off
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false"
-export GO111MODULE=on
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+go_env  # scripts/lib.sh: the Go environment every set-up build shares
 
 mkdir -p "$BIN" "$STAMPS" "$CSI_HOME/rbac"
 
@@ -77,7 +72,8 @@ build_sidecar() {
   chmod -R u+w "$work"
   sed -i '/^toolchain[[:space:]]/d' "$work/go.mod"
   rm -rf "$work/vendor"
-  (cd "$work" && go build -mod=mod -trimpath -ldflags "-s -w -X main.version=v$version" \
+  go_prefetch "$work"
+  (cd "$work" && go_compile go build -mod=mod -trimpath -ldflags "-s -w -X main.version=v$version" \
     -o "$work/_out/$name" "./cmd/$name") || die "$name build failed (sources in $work)"
   cp "$work/deploy/kubernetes/rbac.yaml" "$CSI_HOME/rbac/.$name.yaml.tmp"
   mv -f "$CSI_HOME/rbac/.$name.yaml.tmp" "$CSI_HOME/rbac/$name.yaml"
@@ -100,7 +96,8 @@ build_driver() {
   local t0=$SECONDS out="$BUILD_ROOT/dedup-csi-disk"
   rm -rf "$out"
   mkdir -p "$out"
-  (cd "$DRIVER_SRC" && go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$digest" \
+  (cd "$DRIVER_SRC" && go mod download) || log "csi: prefetching the driver's modules failed; the build fetches them"
+  (cd "$DRIVER_SRC" && go_compile go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$digest" \
     -o "$out/dedup-csi-disk" .) || die "dedup-csi-disk build failed"
   install_bin dedup-csi-disk "$out/dedup-csi-disk" "$want"
   rm -rf "$out"

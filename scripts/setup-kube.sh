@@ -26,19 +26,10 @@ BUILD_ROOT="$DEDUP_CACHE/build"
 # Bump when the recipe below changes in a way that should rebuild cached binaries.
 RECIPE=2
 
-# A clean, predictable Go environment: no workspace, static binaries, no VCS stamping
-# (the sources come from module zips, not a checkout). GOPROXY/GOSUMDB and the module
-# download cache (GOMODCACHE) keep go's own defaults unless the caller set them; the
-# compile cache (several GB for Kubernetes) lives in $DEDUP_CACHE like everything else
-# this project builds, so `make clean-cache` removes it too.
-export GOCACHE="${DEDUP_GOCACHE:-$DEDUP_CACHE/go-build}"
-export GOWORK=off
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false"
-export GO111MODULE=on
-# The pinned releases need Go 1.24+; let go fetch a newer toolchain from the proxy if
-# the local one is older (a no-op when it is new enough).
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+# The Go environment every set-up build shares (scripts/lib.sh: one compile cache in
+# $DEDUP_CACHE/go-build, several GB for Kubernetes, so `make clean-cache` removes it too;
+# Go's own module download cache; one compile at a time on the machine).
+go_env
 
 mkdir -p "$BIN" "$STAMPS"
 
@@ -168,7 +159,8 @@ build_kubernetes() {
   for b in "${missing[@]}"; do pkgs+=("./cmd/$b"); done
   log "kube: compiling ${pkgs[*]}"
   mkdir -p "$work/_out"
-  (cd "$work" && go build -mod=mod -trimpath -ldflags "-s -w ${ldflags[*]}" -o "$work/_out/" "${pkgs[@]}") \
+  go_prefetch "$work"
+  (cd "$work" && go_compile go build -mod=mod -trimpath -ldflags "-s -w ${ldflags[*]}" -o "$work/_out/" "${pkgs[@]}") \
     || die "kubernetes build failed (sources in $work)"
   for b in "${missing[@]}"; do install_bin "$b" "$work/_out/$b"; done
   "$BIN/kube-apiserver" --version >&2 || true
@@ -200,7 +192,8 @@ build_etcd() {
   work="$BUILD_ROOT/etcd-$ETCD_VERSION"
   fresh_copy "$src" "$work"
   unlocalize_replaces "$work" etcd_sibling_version
-  (cd "$work" && go build -mod=mod -trimpath \
+  go_prefetch "$work"
+  (cd "$work" && go_compile go build -mod=mod -trimpath \
     -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$ETCD_VERSION" \
     -o "$work/_out/etcd" .) || die "etcd build failed (sources in $work)"
   install_bin etcd "$work/_out/etcd"
@@ -234,7 +227,7 @@ build_helm() {
   out="$BUILD_ROOT/helm-$HELM_VERSION"
   rm -rf "$out"
   mkdir -p "$out"
-  (cd "$BUILD_ROOT" && GOBIN="$out" go install -trimpath -ldflags "$ldflags" "$v/cmd/helm@v$HELM_VERSION") \
+  (cd "$BUILD_ROOT" && GOBIN="$out" go_compile go install -trimpath -ldflags "$ldflags" "$v/cmd/helm@v$HELM_VERSION") \
     || die "helm build failed"
   install_bin helm "$out/helm"
   "$BIN/helm" version >&2 || true

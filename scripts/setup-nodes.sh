@@ -65,9 +65,8 @@ build_crictl() {
   rm -rf "$out"
   mkdir -p "$out"
   # cri-tools has no replace directives, so `go install` works.
-  (cd "$out" && GOWORK=off CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOBIN="$out" \
-    GOCACHE="${DEDUP_GOCACHE:-$DEDUP_CACHE/go-build}" GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" \
-    go install -trimpath \
+  go_env
+  (cd "$out" && GOBIN="$out" go_compile go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION" \
     "sigs.k8s.io/cri-tools/cmd/crictl@v$CRI_TOOLS_VERSION") || die "crictl build failed"
   cp "$out/crictl" "$BIN/.crictl.tmp"
