@@ -43,6 +43,7 @@ import yaml
 
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port, versions
+from .patience import PatientDeadline
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -394,7 +395,7 @@ class ControlPlane(Started):
                     force=True,
                     _content_type="application/apply-patch+yaml",
                 )
-            deadline = time.monotonic() + timeout
+            patience = PatientDeadline(timeout)  # a busy machine waits longer
             for name in names:
                 while True:
                     status = ext.read_custom_resource_definition(name).status
@@ -403,9 +404,9 @@ class ControlPlane(Started):
                     }
                     if conditions.get("Established") == "True":
                         break
-                    if time.monotonic() > deadline:
+                    if patience.expired():
                         raise ControlPlaneError(
-                            f"CRD {name} not established after {timeout:.0f}s: {conditions}"
+                            f"CRD {name} not established after {patience.describe()}: {conditions}"
                         )
                     time.sleep(0.05)
         return names
@@ -665,15 +666,16 @@ class ControlPlane(Started):
                 self._processes.pop().terminate(grace=5.0)
 
     def _wait(self, proc: _Process, ready: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + self.start_timeout
+        # start_timeout on an idle machine; a busy one waits longer (dedup_local.patience)
+        patience = PatientDeadline(self.start_timeout)
         delay = 0.02
         while True:
             if not proc.alive():
                 raise proc.failure("exited while starting")
             if ready():
                 return
-            if time.monotonic() > deadline:
-                raise proc.failure(f"did not become {what} within {self.start_timeout:.0f}s")
+            if patience.expired():
+                raise proc.failure(f"did not become {what} within {patience.describe()}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
 

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -37,6 +37,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from dedup_local.paths import MissingArtifact, cache_dir, free_port, versions
+from dedup_local.patience import PatientDeadline, machine_load
 
 Key = bytes | str | None
 Value = bytes | str | None
@@ -163,6 +164,9 @@ class KafkaBroker:
     `host` is the address its client listener binds and advertises: 127.0.0.1 by
     default; a `ControlPlane(kubelets=True)`'s `host` makes it reachable from pods on
     real nodes too (docs/development.md, "Real nodes"). Its controller stays on loopback.
+
+    `start_timeout_s` is the start's wait on an idle machine; on a busy one it is
+    stretched by the load per core, up to 4x (dedup_local.patience).
     """
 
     def __init__(
@@ -176,8 +180,12 @@ class KafkaBroker:
         jvm_options: Sequence[str] = (),
         start_timeout_s: float = 90.0,
         host: str = "127.0.0.1",
+        load: Callable[[], tuple[float, int]] = machine_load,
     ) -> None:
         self.host = host
+        self._load = load
+        """The machine's (load, cores) that stretches start_timeout_s (a test's simulated
+        load replaces it)."""
         self._owns_dir = data_dir is None
         self._may_move_ports = port is None and controller_port is None
         self._log_offset = 0
@@ -240,9 +248,12 @@ class KafkaBroker:
         # the very first start, with ports of our choosing, pick again; once clients know
         # the address, a restart must keep it (and fails if it cannot).
         attempts = 3 if self._may_move_ports else 1
+        # start_timeout_s is the wait on an idle machine; a busy one waits longer
+        # (dedup_local.patience: stretched by the load per core, at most 4x).
+        patience = PatientDeadline(self.start_timeout_s, self._load)
         for attempt in range(1, attempts + 1):
             try:
-                self._launch(deadline=t0 + self.start_timeout_s)
+                self._launch(patience)
                 break
             except _PortInUse:
                 if attempt == attempts:
@@ -254,7 +265,7 @@ class KafkaBroker:
         self.start_seconds = time.monotonic() - t0
         return self
 
-    def _launch(self, deadline: float) -> None:
+    def _launch(self, patience: PatientDeadline) -> None:
         libs = _libs()
         java = java_path()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -301,7 +312,7 @@ class KafkaBroker:
                 start_new_session=True,
             )
         try:
-            self._wait_ready(deadline)
+            self._wait_ready(patience)
         except BaseException:
             self.kill()
             raise
@@ -391,12 +402,12 @@ class KafkaBroker:
             replication_factor=1,
             config={k: str(v) for k, v in (config or {}).items()},
         )
-        futures = self.admin().create_topics([topic], operation_timeout=timeout_s)
+        patience = PatientDeadline(timeout_s)  # a busy machine waits longer
+        futures = self.admin().create_topics([topic], operation_timeout=patience.left_s())
         try:
-            futures[name].result(timeout=timeout_s)
+            futures[name].result(timeout=patience.left_s())
         except KafkaException as exc:
             raise KafkaBrokerError(f"create topic {name!r}: {exc}") from exc
-        deadline = time.monotonic() + timeout_s
         while True:
             md = self.admin().list_topics(topic=name, timeout=5)
             tmd = md.topics.get(name)
@@ -407,8 +418,10 @@ class KafkaBroker:
                 and all(p.leader >= 0 and p.error is None for p in tmd.partitions.values())
             ):
                 return
-            if time.monotonic() > deadline:
-                raise KafkaBrokerError(f"topic {name!r} has no leader for every partition yet")
+            if patience.expired():
+                raise KafkaBrokerError(
+                    f"topic {name!r} has no leader for every partition after {patience.describe()}"
+                )
             time.sleep(0.05)
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> list[int]:
@@ -504,7 +517,7 @@ class KafkaBroker:
                 f"formatting {self.log_dir} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
             )
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, patience: PatientDeadline) -> None:
         """Metadata answers with this broker, and a transactional producer can initialise
         (so the transaction coordinator and its log are up)."""
         # Probes: connection errors are expected until the broker listens; keep them quiet.
@@ -518,7 +531,7 @@ class KafkaBroker:
                     break
             except KafkaException:
                 pass
-            self._check_deadline(deadline, "metadata")
+            self._check_deadline(patience, "metadata")
             time.sleep(0.1)
         last: Exception | None = None
         while True:
@@ -535,7 +548,7 @@ class KafkaBroker:
                 last = exc
             finally:
                 del producer
-            self._check_deadline(deadline, f"transaction coordinator: {last}")
+            self._check_deadline(patience, f"transaction coordinator: {last}")
             time.sleep(0.2)
 
     def _check_alive(self) -> None:
@@ -551,10 +564,10 @@ class KafkaBroker:
                 f"{_tail(self.log_file)}"
             )
 
-    def _check_deadline(self, deadline: float, what: str) -> None:
-        if time.monotonic() > deadline:
+    def _check_deadline(self, patience: PatientDeadline, what: str) -> None:
+        if patience.expired():
             raise KafkaBrokerError(
-                f"Kafka broker not ready ({what}) after {self.start_timeout_s}s; "
+                f"Kafka broker not ready ({what}) after {patience.describe()}; "
                 f"tail of {self.log_file}:\n{_tail(self.log_file)}"
             )
 

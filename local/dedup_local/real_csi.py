@@ -41,6 +41,7 @@ import yaml
 from .control_plane import ControlPlane, _log_tail, _Process, may_die_with_parent, spawn_logged
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir
+from .patience import PatientDeadline
 from .real_node import UNIX_SOCKET_MAX, RealNode, _process_identity
 
 SETUP_HINT = "run: make setup-csi"
@@ -86,12 +87,12 @@ def _spawn(name: str, argv: list[str], log_path: Path, cwd: Path) -> _Process:
 
 
 def _wait(proc: _Process, ready: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    patience = PatientDeadline(timeout)  # a busy machine waits longer
     while not ready():
         if not proc.alive():
             raise CsiError(f"{proc.name} exited before {what}:\n{_log_tail(proc.log_path)}")
-        if time.monotonic() > deadline:
-            raise CsiError(f"{proc.name}: not {what} after {timeout:.0f}s:\n"
+        if patience.expired():
+            raise CsiError(f"{proc.name}: not {what} after {patience.describe()}:\n"
                            f"{_log_tail(proc.log_path)}")  # fmt: skip
         time.sleep(0.1)
 
@@ -362,7 +363,7 @@ class CsiNodePlugin:
 
     def wait_registered(self, timeout: float = 60.0) -> None:
         """Until the node's CSINode lists the driver (the kubelet registered it)."""
-        deadline = time.monotonic() + timeout
+        patience = PatientDeadline(timeout)  # a busy machine waits longer
         while True:
             out = self.node.control_plane.kubectl(
                 "get", "csinode", self.node.name, "-o", "json", check=False
@@ -371,11 +372,11 @@ class CsiNodePlugin:
                 drivers = json.loads(out.stdout).get("spec", {}).get("drivers") or []
                 if any(d.get("name") == DRIVER for d in drivers):
                     return
-            if self._proc is None or not self._proc.alive() or time.monotonic() > deadline:
+            if self._proc is None or not self._proc.alive() or patience.expired():
                 log = self.node.log_path("csi-disk")
                 raise CsiError(
                     f"node {self.node.name}: the kubelet did not register {DRIVER} within "
-                    f"{timeout:.0f}s; {log}:\n{_log_tail(log)}\nkubelet:\n"
+                    f"{patience.describe()}; {log}:\n{_log_tail(log)}\nkubelet:\n"
                     f"{_log_tail(self.node.log_path('kubelet'), 20)}"
                 )
             time.sleep(0.2)

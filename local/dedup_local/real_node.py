@@ -51,6 +51,7 @@ from .control_plane import (
 )
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port
+from .patience import PatientDeadline
 
 SETUP_HINT = "run: make setup-kube setup-nodes"
 UNIX_SOCKET_MAX = 107  # bytes of a unix socket's path (sun_path, less its terminating NUL)
@@ -634,7 +635,8 @@ class RealNode(Started):
         return next((str(c["status"]) for c in conditions if c.get("type") == "Ready"), None)
 
     def _wait_condition(self, want: str, timeout: float | None) -> None:
-        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
+        # a busy machine waits longer (dedup_local.patience)
+        patience = PatientDeadline(self.start_timeout if timeout is None else timeout)
         status: str | None = None
         while True:
             if want == "True":
@@ -644,12 +646,12 @@ class RealNode(Started):
             status = self.ready_status()
             if (status == "True") == (want == "True"):
                 return
-            if time.monotonic() > deadline:
+            if patience.expired():
                 proc = self._kubelet or self._containerd
                 detail = self._failure(proc, "") if proc is not None else ""
                 raise RealNodeError(
                     f"node {self.name}: Ready is {status}, wanted {want} after "
-                    f"{time.monotonic() - deadline + (timeout or self.start_timeout):.0f}s\n{detail}"
+                    f"{patience.describe()}\n{detail}"
                 )
             time.sleep(0.2)
 

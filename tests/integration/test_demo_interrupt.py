@@ -14,6 +14,7 @@ In the local-cluster group, before the session's real-node cluster starts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from dedup_local.paths import REPO_ROOT
+from dedup_local.patience import start_lock
 from dedup_local.real_network import iptables_kube_chains
 
 pytestmark = [
@@ -100,6 +102,10 @@ def mounts_under(dirs: list[Path]) -> list[str]:
 def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
     log_path = tmp_path / "demo.log"
     chains_before = iptables_kube_chains()
+    # The demo's start is a session part's in all but name: it holds the machine-wide
+    # start lock (dedup_local.patience) from its launch until its pipeline is Ready.
+    starting = contextlib.ExitStack()
+    starting.enter_context(start_lock("the demo's cluster"))
     demo = subprocess.Popen(
         [sys.executable, "-m", "dedup_local.demo", "--png", str(tmp_path / "demo.png")],
         cwd=REPO_ROOT,
@@ -128,6 +134,7 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
             assert demo.poll() is None, what_failed(log_path.read_text(errors="replace"))
             assert time.monotonic() < deadline, what_failed(log_path.read_text(errors="replace"))
             time.sleep(1)
+        starting.close()
         log = log_path.read_text(errors="replace")
         m = re.search(r"node directories: ([^)]+)\)", log)
         assert m, log[-3000:]
@@ -139,6 +146,7 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
         rc = demo.wait(timeout=300)
     finally:
+        starting.close()
         stop.set()
         watcher.join(timeout=10)
         if demo.poll() is None:  # a failed check: still let the demo clean up after itself

@@ -40,6 +40,7 @@ from dedup_local.image import ensure_image
 from dedup_local.real_cluster import RealCluster
 from support.kube_fixtures import CRD_FILES, _wait_for_default_service_account
 from support.operator_helpers import drop_finalizers
+from support.session_parts import start_session_part
 
 AnyCluster = LocalCluster | RealCluster
 """Either local cluster: what the tests' helpers need of it (API, kubectl, pod logs, node
@@ -59,15 +60,27 @@ class ClusterNamespace:
         return self.cluster.kubeconfig_path
 
 
-def running_cluster(containers: bool = False) -> Iterator[LocalCluster]:
+def running_cluster(
+    request: pytest.FixtureRequest, containers: bool = False
+) -> Iterator[LocalCluster]:
     """A started local cluster as the tests use it (3 nodes in 3 zones, fast timings, the
-    repo's CRDs), stopped afterwards: the body of every cluster fixture."""
-    if containers:
-        ensure_image()
-    cluster = LocalCluster(
-        nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES, containers=containers
-    )
-    cluster.start()
+    repo's CRDs), stopped afterwards: the body of every cluster fixture. It starts as
+    every session part does (support/session_parts.py)."""
+    made: list[LocalCluster] = []
+
+    def start() -> LocalCluster:
+        if containers:
+            ensure_image()
+        made.append(
+            LocalCluster(
+                nodes=3, timings=ClusterTimings.fast(), crds=CRD_FILES, containers=containers
+            )
+        )
+        made[-1].start()
+        return made[-1]
+
+    what = "the stand-in cluster" + (" with containers" if containers else "")
+    cluster = start_session_part(request, what, start, lambda: made.pop().stop())
     try:
         yield cluster
     finally:
@@ -83,12 +96,20 @@ tolerates its taint."""
 
 @pytest.fixture(scope="session")
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    ensure_image()
-    cluster = RealCluster(nodes=4, timings=ClusterTimings.fast(), crds=CRD_FILES)
-    cluster.start()
-    taint = RESERVED_TAINT
-    cluster.kubectl("taint", "nodes", RESERVED_NODE,
-                    f"{taint['key']}={taint['value']}:{taint['effect']}")  # fmt: skip
+    made: list[RealCluster] = []
+
+    def start() -> RealCluster:
+        ensure_image()
+        made.append(RealCluster(nodes=4, timings=ClusterTimings.fast(), crds=CRD_FILES))
+        cluster = made[-1].start()
+        taint = RESERVED_TAINT
+        cluster.kubectl("taint", "nodes", RESERVED_NODE,
+                        f"{taint['key']}={taint['value']}:{taint['effect']}")  # fmt: skip
+        return cluster
+
+    cluster = start_session_part(
+        request, "the local cluster on real nodes", start, lambda: made.pop().stop()
+    )
     print("local cluster on real nodes, start (s):",
           {k: round(v, 1) for k, v in cluster.startup.items()})  # fmt: skip
     proxy = cluster.proxy
@@ -167,13 +188,13 @@ def own_real_nodes() -> None:
 
 
 @pytest.fixture(scope="session")
-def stand_in_cluster() -> Iterator[LocalCluster]:
-    yield from running_cluster()
+def stand_in_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from running_cluster(request)
 
 
 @pytest.fixture(scope="session")
-def container_cluster() -> Iterator[LocalCluster]:
-    yield from running_cluster(containers=True)
+def container_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from running_cluster(request, containers=True)
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ the local cluster's pods reach it, when the session uses that cluster).
 are stopped and removed after the test, so the shared `kafka` stays up for the others.
 
 When the broker jars are missing the fixtures fail with the setup command to run
-(`make setup-kafka`); they never skip silently.
+(`make setup-kafka`); they never skip silently. The session broker starts as every
+session part does (support/session_parts.py: one start at a time on the machine,
+retried once, the group ended with one line when it does not start).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from dedup_local.kafka import KafkaBroker
 from dedup_local.paths import MissingArtifact
+from support.session_parts import start_session_part
 
 
 class NewTopic(Protocol):
@@ -48,12 +51,16 @@ def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
     on_real_nodes = any("local_cluster" in getattr(item, "fixturenames", ())
                         for item in request.session.items)  # fmt: skip
     host = request.getfixturevalue("local_cluster").broker_host if on_real_nodes else None
-    broker = KafkaBroker(host=host) if host else KafkaBroker()
-    try:
-        broker.start()
-    except MissingArtifact as exc:
-        broker.close()
-        pytest.fail(str(exc), pytrace=False)
+    made: list[KafkaBroker] = []
+
+    def start() -> KafkaBroker:
+        made.append(KafkaBroker(host=host) if host else KafkaBroker())
+        return made[-1].start()
+
+    def clean_up() -> None:
+        made.pop().close()
+
+    broker = start_session_part(request, "the session's Kafka broker", start, clean_up)
     try:
         yield broker
     finally:

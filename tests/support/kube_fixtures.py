@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dedup_local.control_plane import ControlPlane
 from dedup_local.paths import REPO_ROOT
+from support.session_parts import start_session_part
 
 CRD_FILES = sorted((REPO_ROOT / "crds").glob("*.yaml"))
 
@@ -61,11 +62,18 @@ class KubeNamespace:
 
 
 @pytest.fixture(scope="session")
-def kube() -> Iterator[KubeCluster]:
+def kube(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
     # The project's CRDs go in before the controllers start, so the garbage collector
     # watches DedupPipelines from the beginning (it rediscovers kinds only every 30s).
-    control_plane = ControlPlane(with_controllers=True, crds=CRD_FILES)
-    control_plane.start()
+    made: list[ControlPlane] = []
+
+    def start() -> ControlPlane:
+        made.append(ControlPlane(with_controllers=True, crds=CRD_FILES))
+        return made[-1].start()
+
+    control_plane = start_session_part(
+        request, "the session's control plane", start, lambda: made.pop().stop()
+    )
     api_client = control_plane.api_client()
     try:
         yield KubeCluster(control_plane=control_plane, api_client=api_client)

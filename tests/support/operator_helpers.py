@@ -20,6 +20,7 @@ from dedup_local.operator_process import OperatorProcess as OperatorProcess
 from dedup_local.operator_process import free_port as free_port
 from dedup_local.operator_process import operator_command as operator_command
 from dedup_local.operator_process import running_operator as running_operator
+from dedup_local.patience import PatientDeadline
 
 T = TypeVar("T")
 
@@ -36,15 +37,22 @@ def dedupctl(
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-    """Poll until `probe()` returns something truthy; fail with `what` on timeout."""
-    deadline = time.monotonic() + timeout
+    """Poll until `probe()` returns something truthy; fail with `what` on timeout.
+
+    `timeout` is the wait on an idle machine; a busy one waits longer, up to 4x
+    (dedup_local.patience), so that a slow machine is not a failed test."""
+    patience = PatientDeadline(timeout)
     last: T | None = None
-    while time.monotonic() < deadline:
+    while True:
         last = probe()
         if last:
             return last
+        if patience.expired():
+            break
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    raise AssertionError(
+        f"timed out after {patience.describe()} waiting for {what} (last: {last!r})"
+    )
 
 
 def drop_finalizers(api: ApiClient, ns: str, name: str) -> None:

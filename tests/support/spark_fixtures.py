@@ -20,6 +20,7 @@ import pytest
 
 from dedup_local.paths import MissingArtifact
 from dedup_local.spark import spark_kafka_jars, use_cached_kafka_jars
+from support.session_parts import start_session_part
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,15 +30,19 @@ use_cached_kafka_jars()
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     # Imported here so test sessions without Spark tests do not pay for pyspark.
-    from dedup_spark.session import SessionError, SparkSettings, spark_session
+    from dedup_spark.session import SparkSettings, spark_session
 
-    try:  # the jobs' own session settings (dedup_spark.session.JOB_CONF)
+    try:
         spark_kafka_jars()  # missing: the setup command to run
-        session = spark_session("dedup-tests", SparkSettings("local[2]"))
-    except (MissingArtifact, SessionError) as exc:
+    except MissingArtifact as exc:
         pytest.fail(str(exc), pytrace=False)
+
+    def start() -> SparkSession:  # the jobs' own session settings (dedup_spark.session.JOB_CONF)
+        return spark_session("dedup-tests", SparkSettings("local[2]"))
+
+    session = start_session_part(request, "the session's SparkSession", start)
     try:
         yield session
     finally:
