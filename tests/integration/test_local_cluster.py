@@ -19,7 +19,7 @@ from dedup_local.cluster import ClusterTimings, LocalCluster
 from dedup_local.control_plane import KubectlError
 from dedup_local.kafka import KafkaBroker
 from support.cluster_fixtures import ClusterNamespace
-from support.operator_helpers import wait_for
+from support.operator_helpers import rollout_status, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster_group("containers")]
 
@@ -88,7 +88,7 @@ spec:
         livenessProbe: {tcpSocket: {port: http}, periodSeconds: 2}
 """)  # fmt: skip
     try:
-        stand_in_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=90s")
+        rollout_status(stand_in_cluster, ns, "deployment/web", 90)
     except KubectlError:  # (once in CI, under the four groups' load): what the pod waited on
         print(stand_in_cluster.kubectl("describe", "pods", "-n", ns, check=False).stdout)
         print(stand_in_cluster.kubectl("get", "events", "-n", ns, "-o", "wide").stdout)
@@ -254,7 +254,7 @@ spec:
         volumeMounts: [{name: d, mountPath: /data}]
       volumes: [{name: d, persistentVolumeClaim: {claimName: state}}]
 """)  # fmt: skip
-    stand_in_cluster.kubectl("rollout", "status", "deployment/keeper", "-n", ns, "--timeout=90s")
+    rollout_status(stand_in_cluster, ns, "deployment/keeper", 90)
     [first] = pods(stand_in_cluster, ns, "app=keeper")
     first_name, lost = first["metadata"]["name"], first["spec"]["nodeName"]
     wait_for(lambda: "data from" in stand_in_cluster.pod_log(ns, first_name), 20, "first pod's log")

@@ -26,6 +26,7 @@ from kubernetes import client
 
 from dedup_contract import names
 from dedup_local.kafka import KafkaBroker
+from dedup_local.patience import patient_timeout
 from dedup_local.pipelines import pipeline_body
 from dedup_local.spark_pods import PROJECT_IMAGE, ExecutorWatch
 from dedup_operator.desired import scheduled_audit
@@ -165,7 +166,12 @@ def test_a_cluster_mode_driver_pod_audits_real_worker_output(
     watch = ExecutorWatch(api, ns)
     try:
         submitted = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=900, check=False
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=patient_timeout(900),
+            check=False,
         )
     finally:
         watch.stop()

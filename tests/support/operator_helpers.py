@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -20,7 +20,7 @@ from dedup_local.operator_process import OperatorProcess as OperatorProcess
 from dedup_local.operator_process import free_port as free_port
 from dedup_local.operator_process import operator_command as operator_command
 from dedup_local.operator_process import running_operator as running_operator
-from dedup_local.patience import PatientDeadline
+from dedup_local.patience import PatientDeadline, patient_timeout
 
 T = TypeVar("T")
 
@@ -52,6 +52,21 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: fl
         time.sleep(every)
     raise AssertionError(
         f"timed out after {patience.describe()} waiting for {what} (last: {last!r})"
+    )
+
+
+class Kubectl(Protocol):
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+def rollout_status(cluster: Kubectl, namespace: str, what: str, timeout: float) -> None:
+    """`kubectl rollout status WHAT` until it is rolled out, `timeout` stretched by the
+    machine's load as `wait_for`'s is."""
+    wait = patient_timeout(timeout)
+    cluster.kubectl(
+        "rollout", "status", what, "-n", namespace, f"--timeout={wait:.0f}s", timeout=wait + 30
     )
 
 
