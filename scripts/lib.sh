@@ -85,9 +85,19 @@ go_compile() {
   return "$rc"
 }
 
-# go_prefetch DIR: downloads the modules the main module in DIR needs (network, no
-# compiling), outside the compile lock, so that one build's downloads overlap another's
-# compile.
+# go_prefetch DIR MOD PACKAGE...: downloads the modules that building PACKAGE... in the
+# main module DIR with -mod=MOD (mod: a writable copy; readonly: the module cache's own
+# copy, or a checkout whose go.mod and go.sum must stay as they are) needs: network, no
+# compiling (`go list -deps` only reads the imports), outside the compile lock, so that
+# one build's downloads overlap another's compile. `go mod download` would fetch every
+# module of the graph, and some of Kubernetes' are not served (k8s.io/sample-cli-plugin).
+# A failed prefetch only leaves the downloads to the build.
 go_prefetch() {
-  (cd "$1" && go mod download) || log "go: prefetching the modules of $1 failed; the build fetches them"
+  local dir="$1" mode="$2" t0=$SECONDS
+  shift 2
+  if (cd "$dir" && go list -mod="$mode" -e -deps "$@" >/dev/null); then
+    log "go: fetched the modules of $(basename "$dir") ($*) in $((SECONDS - t0))s"
+  else
+    log "go: prefetching the modules of $dir failed; its build fetches them"
+  fi
 }

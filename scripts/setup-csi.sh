@@ -72,7 +72,7 @@ build_sidecar() {
   chmod -R u+w "$work"
   sed -i '/^toolchain[[:space:]]/d' "$work/go.mod"
   rm -rf "$work/vendor"
-  go_prefetch "$work"
+  go_prefetch "$work" mod "./cmd/$name"
   (cd "$work" && go_compile go build -mod=mod -trimpath -ldflags "-s -w -X main.version=v$version" \
     -o "$work/_out/$name" "./cmd/$name") || die "$name build failed (sources in $work)"
   cp "$work/deploy/kubernetes/rbac.yaml" "$CSI_HOME/rbac/.$name.yaml.tmp"
@@ -96,7 +96,7 @@ build_driver() {
   local t0=$SECONDS out="$BUILD_ROOT/dedup-csi-disk"
   rm -rf "$out"
   mkdir -p "$out"
-  (cd "$DRIVER_SRC" && go mod download) || log "csi: prefetching the driver's modules failed; the build fetches them"
+  go_prefetch "$DRIVER_SRC" readonly .
   (cd "$DRIVER_SRC" && go_compile go build -mod=readonly -trimpath -ldflags "-s -w -X main.version=$digest" \
     -o "$out/dedup-csi-disk" .) || die "dedup-csi-disk build failed"
   install_bin dedup-csi-disk "$out/dedup-csi-disk" "$want"
@@ -107,9 +107,16 @@ build_driver() {
 t0=$SECONDS
 case "${1:-all}" in
   all)
-    build_driver
-    build_sidecar csi-attacher github.com/kubernetes-csi/external-attacher/v4 "$CSI_ATTACHER_VERSION"
-    build_sidecar csi-provisioner github.com/kubernetes-csi/external-provisioner/v6 "$CSI_PROVISIONER_VERSION"
+    # Side by side: downloads overlap, compiles take turns (go_compile).
+    pids=()
+    build_driver & pids+=($!)
+    build_sidecar csi-attacher github.com/kubernetes-csi/external-attacher/v4 "$CSI_ATTACHER_VERSION" &
+    pids+=($!)
+    build_sidecar csi-provisioner github.com/kubernetes-csi/external-provisioner/v6 "$CSI_PROVISIONER_VERSION" &
+    pids+=($!)
+    failed=0
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    ((failed == 0)) || die "csi: a build failed (its error is above)"
     ;;
   driver) build_driver ;;
   sidecars)

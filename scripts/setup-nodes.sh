@@ -66,6 +66,10 @@ build_crictl() {
   mkdir -p "$out"
   # cri-tools has no replace directives, so `go install` works.
   go_env
+  local src
+  src="$(cd "$out" && go mod download -json "sigs.k8s.io/cri-tools@v$CRI_TOOLS_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')" || true
+  [[ -z "$src" ]] || go_prefetch "$src" readonly ./cmd/crictl
   (cd "$out" && GOBIN="$out" go_compile go install -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION" \
     "sigs.k8s.io/cri-tools/cmd/crictl@v$CRI_TOOLS_VERSION") || die "crictl build failed"
