@@ -103,7 +103,7 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
     log_path = tmp_path / "demo.log"
     chains_before = iptables_kube_chains()
     # The demo's start is a session part's in all but name: it holds the machine-wide
-    # start lock (dedup_local.patience) from its launch until its pipeline is Ready.
+    # start lock (dedup_local.patience) from its launch until its cluster is up.
     starting = contextlib.ExitStack()
     starting.enter_context(start_lock("the demo's cluster"))
     demo = subprocess.Popen(
@@ -130,9 +130,11 @@ def test_ctrl_c_mid_run_leaves_nothing_running(tmp_path: Path) -> None:
     watcher.start()
     try:
         deadline = time.monotonic() + 1500  # an image build after a change comes first
-        while "pipeline Ready" not in log_path.read_text(errors="replace"):
-            assert demo.poll() is None, what_failed(log_path.read_text(errors="replace"))
-            assert time.monotonic() < deadline, what_failed(log_path.read_text(errors="replace"))
+        while "pipeline Ready" not in (log := log_path.read_text(errors="replace")):
+            assert demo.poll() is None, what_failed(log)
+            assert time.monotonic() < deadline, what_failed(log)
+            if "local cluster up on real nodes" in log:
+                starting.close()  # its nodes and broker are up: the next start may begin
             time.sleep(1)
         starting.close()
         log = log_path.read_text(errors="replace")
