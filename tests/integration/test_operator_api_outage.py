@@ -50,8 +50,8 @@ BACK_WITHIN_S = 15.0  # from /readyz answering again to every partition's next c
 
 
 @pytest.fixture(scope="module")
-def own_cluster() -> Iterator[LocalCluster]:
-    yield from running_cluster()
+def own_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    yield from running_cluster(request)
 
 
 def worker_pods(api: client.ApiClient, ns: str) -> dict[str, tuple[str, int, str]]:

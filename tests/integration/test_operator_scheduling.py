@@ -27,6 +27,7 @@ from kubernetes import client
 from dedup_contract import names
 from dedup_contract.timefmt import parse_time
 from dedup_local.kafka import KafkaBroker
+from dedup_local.patience import machine_load, stretch
 from dedup_local.pod_health import log_problems
 from dedup_operator.failover import OUT_OF_SERVICE_TAINT
 from dedup_operator.handlers import FOLLOW_UP_S
@@ -189,8 +190,10 @@ def test_a_node_lost_with_five_pipelines_is_handed_over_by_concurrent_passes(
     )
     spread = (decided[-1] - decided[0]).total_seconds()
     print(f"the 5 handovers were decided within {spread:.2f}s of each other")
-    # one pass (begun, fenced, tainted and released in one): under a second here
-    assert spread <= 2 * FOLLOW_UP_S + 1.0, decided
+    # one pass (begun, fenced, tainted and released in one): under a second here, on an
+    # idle machine; a busy one's passes are slower by its load per core (dedup_local.
+    # patience: 3.01 s against 3.0 once in a cold run, at the four groups' load)
+    assert spread <= (2 * FOLLOW_UP_S + 1.0) * stretch(*machine_load()), decided
     assert not busy_nodes.errors
     assert log_problems((tmp_path / "operator.log").read_text()) == []
 
