@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from dedup_local.control_plane import ControlPlane
+from dedup_local.control_plane import ControlPlane, _log_tail
 from dedup_local.image import built_ref
 from dedup_local.real_csi import DRIVER, STORAGE_CLASS, CsiController, CsiNodePlugin
 from dedup_local.real_node import RealNode, project_image_archive
@@ -254,7 +254,18 @@ def test_disk_attaches_to_one_node_and_moves(csi_cluster: CsiCluster) -> None:
     assert cluster.csi.disks()[disk]["node"] == second.name
     # Ready as soon as its container starts: its `cat` may not have reached the log yet
     _until("reader's output logged", lambda: cp.kubectl("logs", "reader").stdout, timeout=30)
-    assert cp.kubectl("logs", "reader").stdout == "written-on-writer\n"
+    read = cp.kubectl("logs", "reader").stdout
+    # Once (a cold run under load, issue 46) the reader saw no file: the evidence that
+    # tells a racing mount from a driver serving an empty disk, printed with the failure
+    # (the disk's record and data, the second node's mounts of it, the driver's and the
+    # kubelet's logs there).
+    assert read == "written-on-writer\n", (
+        f"reader: {read!r}\ndisk record: {cluster.csi.disks()[disk]}\n"
+        f"disk data: {sorted(p.name for p in (cluster.csi.disks_dir / disk).rglob('*'))}\n"
+        f"mounts on {second.name}: {cluster.plugins[second.name].mounts()}\n"
+        f"csi-disk on {second.name}:\n{_log_tail(second.log_path('csi-disk'), 60)}\n"
+        f"kubelet on {second.name}:\n{_log_tail(second.log_path('kubelet'), 60)}"
+    )
     cp.kubectl("exec", "reader", "--", "sh", "-c", "echo before-the-kill > /data/second")
 
     # kill(): the reader's node dies with the pod on it. As for a node known to be down:
