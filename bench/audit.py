@@ -46,7 +46,7 @@ from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPI
 from dedup_contract.ids import ID_HEADER, IdSpec, InvalidRecord, extract_id
 from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker, produce_all
-from dedup_spark import audit_job, audit_rules
+from dedup_spark import audit_job, audit_model, audit_rules
 from dedup_spark.source import KafkaSource, read_topic, with_ids
 
 REPEAT_SHARE = 0.10
@@ -164,7 +164,7 @@ def job(bootstrap: str, name: str, report: Path, partitions: int) -> audit_job.A
         id_spec=SPEC,
         window_ms=WINDOW_MS,
         slack_ms=WINDOW_MS // 4,
-        audit_range=audit_rules.AuditRange(),
+        audit_range=audit_model.AuditRange(),
         report_dir=str(report),
         consumer_group=None,
         workers=partitions,
@@ -205,13 +205,13 @@ def plain_digest(
 
 def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
     start = time.perf_counter()
-    inputs: list[audit_rules.InputRecord] = []
-    outputs: list[audit_rules.OutputRecord] = []
-    dead: list[audit_rules.DeadLetter] = []
+    inputs: list[audit_model.InputRecord] = []
+    outputs: list[audit_model.OutputRecord] = []
+    dead: list[audit_model.DeadLetter] = []
     for msg in _read(kafka, f"{name}-in", partitions):
         digest = plain_digest(msg.key(), msg.value(), msg.headers())
         try:
-            rec = audit_rules.InputRecord(
+            rec = audit_model.InputRecord(
                 msg.offset(),
                 msg.timestamp()[1],
                 extract_id(SPEC, msg.key(), msg.value(), msg.headers()),
@@ -219,7 +219,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
                 partition=msg.partition(),
             )
         except InvalidRecord as bad:
-            rec = audit_rules.InputRecord(
+            rec = audit_model.InputRecord(
                 msg.offset(), msg.timestamp()[1], None, bad.reason, digest, msg.partition()
             )
         inputs.append(rec)
@@ -231,7 +231,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
         except InvalidRecord:
             mid = None
         outputs.append(
-            audit_rules.OutputRecord(
+            audit_model.OutputRecord(
                 msg.offset(),
                 msg.timestamp()[1],
                 mid,
@@ -244,7 +244,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
         origin = int(headers[DLQ_PARTITION] or b"-1")
         reason = (headers.get(DLQ_REASON) or b"").decode() or None
         dead.append(
-            audit_rules.DeadLetter(
+            audit_model.DeadLetter(
                 int(headers[DLQ_OFFSET] or b"-1"), msg.timestamp()[1], reason, origin
             )
         )
@@ -254,7 +254,7 @@ def run_plain(kafka: KafkaBroker, name: str, partitions: int) -> dict[str, Any]:
         outputs,
         dead,
         workers=partitions,
-        audit_range=audit_rules.AuditRange(),
+        audit_range=audit_model.AuditRange(),
         window_ms=WINDOW_MS,
         slack_ms=WINDOW_MS // 4,
     )

@@ -46,7 +46,7 @@ from dedup_contract.logs import configure
 from dedup_contract.names import default_consumer_group
 from dedup_contract.timefmt import format_micro_time, parse_rfc3339
 from dedup_contract.window import parse_duration_ms
-from dedup_spark import audit_rules
+from dedup_spark import audit_matching, audit_model, audit_result, audit_rules
 from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
@@ -105,7 +105,7 @@ class AuditJob:
     id_spec: IdSpec
     window_ms: int
     slack_ms: int
-    audit_range: audit_rules.AuditRange
+    audit_range: audit_model.AuditRange
     report_dir: str
     consumer_group: str | None  # None: audit all input, committed or not
     workers: int  # the pipeline's spec.partitions: owner(id) = murmur2(id) % workers
@@ -136,7 +136,7 @@ class InputState:
 
     partitions: int
     committed: dict[int, int] = field(default_factory=dict)
-    retention: dict[int, audit_rules.Retention] = field(default_factory=dict)
+    retention: dict[int, audit_model.Retention] = field(default_factory=dict)
     committed_owned: dict[int, int] = field(default_factory=dict)
 
     def buckets(self, job: AuditJob) -> int:
@@ -282,11 +282,11 @@ class _GroupAudit:
 
     buckets: int
     workers: int
-    audit_range: audit_rules.AuditRange
+    audit_range: audit_model.AuditRange
     window_ms: int
     slack_ms: int
     committed: dict[int, int] | None
-    retention: dict[int, audit_rules.Retention] = field(default_factory=dict)
+    retention: dict[int, audit_model.Retention] = field(default_factory=dict)
 
     def __call__(self, table: pa.Table) -> pa.Table:
         """`table`: one group's packed rows (source.GROUPED_SCHEMA) with their `kind`."""
@@ -305,7 +305,7 @@ class _GroupAudit:
         rows: list[dict[str, Any]] = []
         if group < self.buckets:
             result, sources = audit_rules.audit_ids(
-                audit_rules.IdColumns.of_tables(
+                audit_matching.IdColumns.of_tables(
                     of_kind(INPUT, ids_schema()),
                     of_kind(OUTPUT, ids_schema()),
                     of_kind(FORWARDED, _forwarded_schema()),
@@ -373,7 +373,7 @@ def _row(
     }
 
 
-def _finding_row(f: audit_rules.Finding) -> dict[str, Any]:
+def _finding_row(f: audit_model.Finding) -> dict[str, Any]:
     return {
         "partition": f.partition,
         "kind": f.kind,
@@ -441,12 +441,12 @@ def summarize(
     parts = [
         {
             "partition": p,
-            **audit_rules.totals_of(partition_counts[p]),
+            **audit_result.totals_of(partition_counts[p]),
             **_extras(partition_counts[p]),
         }
         for p in sorted(partition_counts)
     ]
-    totals = audit_rules.add_totals(parts, distinct=distinct)
+    totals = audit_result.add_totals(parts, distinct=distinct)
     by_reason: dict[str, int] = {}
     for part in parts:
         for reason, n in part.get("deadLetteredByReason", {}).items():
@@ -458,7 +458,7 @@ def summarize(
         "runId": job.run_id,
         "startedAt": format_micro_time(started),
         "finishedAt": format_micro_time(finished),
-        "passed": audit_rules.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
+        "passed": audit_result.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
         "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
         "range": {
             "from": None if rng.from_ms is None else format_micro_time(_from_ms(rng.from_ms)),
@@ -478,7 +478,7 @@ def summarize(
 
 
 def _extras(counts: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in counts.items() if k not in audit_rules.COUNT_NAMES}
+    return {k: v for k, v in counts.items() if k not in audit_result.COUNT_NAMES}
 
 
 def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
@@ -501,7 +501,7 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             .applyInArrow(_order_group, RESULT_SCHEMA)
         )
         # Retention's deleted input spans, decided here (a partition may have no group).
-        lost = audit_rules.AuditResult()
+        lost = audit_result.AuditResult()
         for p in sorted(state.retention):
             lost.merge(audit_rules.lost_input(p, state.retention[p], job.audit_range))
         findings = (
@@ -518,7 +518,7 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
         try:
             write_findings(spark, findings, f"{job.report_dir.rstrip('/')}/findings")
             order_counts = (
-                findings.where(kind == F.lit(audit_rules.ORDER_VIOLATION))
+                findings.where(kind == F.lit(audit_model.ORDER_VIOLATION))
                 .groupBy("partition")
                 .count()
                 .collect()
@@ -620,13 +620,13 @@ def input_state(job: AuditJob) -> InputState:
 
 def _retention(
     consumer: Any, job: AuditJob, partitions: Sequence[int], outputs: Sequence[int]
-) -> dict[int, audit_rules.Retention]:
+) -> dict[int, audit_model.Retention]:
     """Per partition number whose input or output partition lost records to retention
     (log start offset above 0): the log start offsets and the timestamps of the oldest
     retained records."""
     from confluent_kafka import TopicPartition
 
-    out: dict[int, audit_rules.Retention] = {}
+    out: dict[int, audit_model.Retention] = {}
     for p in sorted(set(partitions) | set(outputs)):
         starts: dict[str, tuple[int, int | None]] = {
             job.input_topic: (0, None),
@@ -645,7 +645,7 @@ def _retention(
             starts[job.output_topic],
         )
         if in_start or out_start:
-            out[p] = audit_rules.Retention(in_start, in_first, out_start, out_first)
+            out[p] = audit_model.Retention(in_start, in_first, out_start, out_first)
     return out
 
 
@@ -869,14 +869,14 @@ def job_from_args(args: argparse.Namespace, now_ms: int | None = None) -> AuditJ
         slack_ms = parse_duration_ms(args.window_slack) if args.window_slack else -(-window_ms // 4)
         id_spec = IdSpec(args.id_source, args.id_field)
         if args.offsets:
-            rng = audit_rules.AuditRange(offsets=parse_offsets(args.offsets))
+            rng = audit_model.AuditRange(offsets=parse_offsets(args.offsets))
         elif args.from_:
             to_ms = _parse_time(args.to) if args.to else now_ms
-            rng = audit_rules.AuditRange(_parse_time(args.from_), to_ms)
+            rng = audit_model.AuditRange(_parse_time(args.from_), to_ms)
         else:
             lookback = parse_duration_ms(args.lookback or "24h")
             to_ms = _parse_time(args.to) if args.to else now_ms
-            rng = audit_rules.AuditRange(to_ms - lookback, to_ms)
+            rng = audit_model.AuditRange(to_ms - lookback, to_ms)
         settings = parse_settings(args.kafka_config)
     except (ValueError, SourceError) as exc:
         raise JobError(str(exc)) from None

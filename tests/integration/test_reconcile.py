@@ -32,7 +32,7 @@ from dedup_contract.ids import ID_HEADER, IdSpec
 from dedup_contract.ownership import owner_reference
 from dedup_local.kafka import KafkaBroker
 from dedup_spark import audit_job
-from dedup_spark.audit_rules import AuditRange
+from dedup_spark.audit_model import AuditRange
 from dedup_spark.source import KafkaSource
 from dedup_worker.loop import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DedupWorker
 from support.kube_fixtures import KubeNamespace

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from dedup_local import kafka as local_kafka
 from dedup_local.paths import free_port
 from dedup_spark import audit_job
-from dedup_spark.audit_rules import AuditRange
+from dedup_spark.audit_model import AuditRange
 from dedup_spark.source import KafkaSource
 from support.ownership_pipeline import WORKERS, Pipeline, assert_exact
 from support.ownership_pipeline import produce as produce_routed

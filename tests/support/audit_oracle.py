@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from dedup_contract.ownership import owner_reference
-from dedup_spark.audit_rules import (
+from dedup_spark.audit_model import (
     CONTENT_MISMATCH,
     DUPLICATE,
     MISPLACED,
@@ -33,7 +33,6 @@ from dedup_spark.audit_rules import (
     UNEXPECTED,
     UNVERIFIABLE,
     AuditRange,
-    AuditResult,
     DeadLetter,
     Finding,
     Forwarded,
@@ -41,6 +40,7 @@ from dedup_spark.audit_rules import (
     OutputRecord,
     Retention,
 )
+from dedup_spark.audit_result import AuditResult
 
 
 def _in_range(audit_range: AuditRange, partition: int, offset: int, timestamp_ms: int) -> bool:

@@ -7,16 +7,9 @@ from typing import Any
 
 import pytest
 
-from dedup_spark.audit_rules import (
-    AuditRange,
-    DeadLetter,
-    InputRecord,
-    OutputRecord,
-    Retention,
-    add_totals,
-    audit_partition,
-    passed,
-)
+from dedup_spark.audit_model import AuditRange, DeadLetter, InputRecord, OutputRecord, Retention
+from dedup_spark.audit_result import add_totals, passed
+from dedup_spark.audit_rules import audit_partition
 from support.audit_oracle import reference_audit
 
 W = 1_000  # window, ms

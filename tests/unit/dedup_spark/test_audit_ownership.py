@@ -9,16 +9,16 @@ import pyarrow as pa
 import pytest
 
 from dedup_contract.ownership import murmur2_reference
-from dedup_spark.audit_rules import (
+from dedup_spark.audit_model import (
     AuditRange,
     DeadLetter,
     Forwarded,
     InputRecord,
     OutputRecord,
     Retention,
-    audit_records,
-    passed,
 )
+from dedup_spark.audit_result import passed
+from dedup_spark.audit_rules import audit_records
 from dedup_spark.murmur2 import murmur2, owners
 from support.audit_oracle import reference_records
 
