@@ -127,7 +127,7 @@ def unexpected(frame: MatchedIds) -> Hits:
     return Hits(
         rows,
         [
-            _output_finding(frame, i, UNEXPECTED, "no input occurrence")
+            _output_finding(frame, int(i), UNEXPECTED, "no input occurrence")
             for i in np.flatnonzero(rows)
         ],
     )
@@ -152,7 +152,7 @@ def duplicates(frame: MatchedIds, *, window_ms: int) -> Hits:
         [
             _output_finding(
                 frame,
-                i,
+                int(i),
                 DUPLICATE,
                 f"published {int(stamp[i]) - int(previous[i])} ms after the last time",
             )
@@ -173,7 +173,7 @@ def misplaced(frame: MatchedIds) -> Hits:
         [
             _output_finding(
                 frame,
-                i,
+                int(i),
                 MISPLACED,
                 f"on output partition {int(frame.output_partition[i])}, its owner is "
                 f"{int(owner[i])} of {frame.workers}",
@@ -208,7 +208,7 @@ def content_mismatches(frame: MatchedIds) -> Hits:
         findings.append(
             _output_finding(
                 frame,
-                i,
+                int(i),
                 CONTENT_MISMATCH,
                 f"key, value or headers differ from every input occurrence with its id "
                 f"and timestamp (first: {at})",
@@ -278,7 +278,7 @@ def unverifiable(
         [
             _input_finding(
                 frame,
-                i,
+                int(i),
                 UNVERIFIABLE,
                 "not published, and output it could be accounted for by is deleted "
                 f"(oldest retained output record: {int(horizon[i])})",
@@ -298,7 +298,7 @@ def missing(frame: MatchedIds, rows: npt.NDArray[np.bool_]) -> Hits:
         [
             _input_finding(
                 frame,
-                i,
+                int(i),
                 MISSING,
                 "not published within the window" if ever[frame.input_code[i]] else "not published",
             )
