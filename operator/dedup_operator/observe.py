@@ -28,10 +28,10 @@ from dedup_contract.handover import HandoverReason
 from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
 from dedup_operator import audit_status, ownership_generation, shared_kafka
 from dedup_operator.actions import TopicQuery
+from dedup_operator.cluster_api import ClusterReads
 from dedup_operator.desired import scheduled_audit
 from dedup_operator.failover import LeaseView, NodeView, PodView, ReleaseVolume
 from dedup_operator.kafka_admin import read_topics
-from dedup_operator.kube import Kube
 from dedup_operator.memory import LeaseWatch, PipelineMemory
 from dedup_operator.observed import (
     lease_view,
@@ -62,7 +62,7 @@ log = logging.getLogger("dedup_operator.reconcile")
 
 
 def observe_pipeline(
-    kube: Kube,
+    kube: ClusterReads,
     body: Mapping[str, Any],
     memory: PipelineMemory,
     watch: LeaseWatch,
@@ -117,7 +117,9 @@ def observe_pipeline(
     )
 
 
-def _shared(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) -> TopicCheck | None:
+def _shared(
+    kube: ClusterReads, body: Mapping[str, Any], settings: ReconcileSettings
+) -> TopicCheck | None:
     """What an older pipeline in the watched namespaces holds on the same Kafka cluster
     that this one needs (from the pipelines' watch: no request per pass)."""
     me = shared_kafka.claims_of(body)
@@ -131,7 +133,7 @@ _CLAIMS = shared_kafka.ClaimsMemo()  # the watched pipelines' claims, between pa
 
 
 def _partition_leases(
-    kube: Kube, namespace: str, raw: Mapping[str, Any], watch: LeaseWatch
+    kube: ClusterReads, namespace: str, raw: Mapping[str, Any], watch: LeaseWatch
 ) -> dict[str, LeaseView]:
     """The pipeline's Leases as the Lease clock has seen them. Read from a watch, a
     Lease's unchanged time counts from the watch's unbroken start at most
@@ -147,7 +149,7 @@ def _partition_leases(
     }
 
 
-def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
+def _nodes(kube: ClusterReads, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
     """Every Node with its heartbeat Lease (None: unreadable, the Ready condition
     decides), judged lost after the pipeline's nodeLostAfter (as judged for any pipeline
     of that nodeLostAfter in the last `memory.NODE_VIEWS_S`)."""
@@ -160,7 +162,9 @@ def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeV
     )
 
 
-def _judge_nodes(kube: Kube, lost_after: timedelta, watch: LeaseWatch) -> dict[str, NodeView]:
+def _judge_nodes(
+    kube: ClusterReads, lost_after: timedelta, watch: LeaseWatch
+) -> dict[str, NodeView]:
     heartbeats = kube.node_leases()
     watched_for = None
     if heartbeats is not None:
@@ -178,7 +182,7 @@ def _judge_nodes(kube: Kube, lost_after: timedelta, watch: LeaseWatch) -> dict[s
     return {n.name: n for n in views}
 
 
-def _worker_pods(kube: Kube, spec: PipelineSpec) -> dict[int, tuple[PodView, ...]]:
+def _worker_pods(kube: ClusterReads, spec: PipelineSpec) -> dict[int, tuple[PodView, ...]]:
     """The pipeline's worker pods by partition (by their names)."""
     pods: dict[int, list[PodView]] = {}
     for raw in kube.pods(spec.namespace, spec.name):
@@ -190,7 +194,7 @@ def _worker_pods(kube: Kube, spec: PipelineSpec) -> dict[int, tuple[PodView, ...
 
 
 def _lost_nodes(
-    kube: Kube,
+    kube: ClusterReads,
     spec: PipelineSpec,
     previous: Mapping[str, Any],
     nodes: Mapping[str, NodeView],
@@ -216,7 +220,7 @@ def _lost_nodes(
 
 
 def _lost_node_pods(
-    kube: Kube,
+    kube: ClusterReads,
     node: NodeView,
     leases: Mapping[str, Any],
     namespace: str,
@@ -249,7 +253,7 @@ def _lost_node_pods(
     return replace(node, pods=tuple(pods))
 
 
-def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSeen:
+def _audit_seen(kube: ClusterReads, spec: PipelineSpec, spark_operator: bool) -> AuditSeen:
     """The scheduled audit's result ConfigMap and the newest Spark operator run."""
     if spec.reconciliation is None:
         return AuditSeen()
@@ -262,7 +266,7 @@ def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSe
 
 
 # ----------------------------------------------------------------- topics
-def kafka_settings_of(kube: Kube, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
+def kafka_settings_of(kube: ClusterReads, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
     """The operator's librdkafka settings for the pipeline's Kafka (the spec's, then the
     Secret's), or SecretMissing, or SecretInvalid (an entry that is not `key=value`)."""
     kafka_settings = dict(spec.kafka.config)
@@ -333,7 +337,7 @@ def topic_check(query: TopicQuery, facts: TopicFacts | TopicCheck) -> TopicCheck
 
 
 def _topics(
-    kube: Kube,
+    kube: ClusterReads,
     spec: PipelineSpec,
     memory: PipelineMemory,
     settings: ReconcileSettings,
@@ -370,7 +374,9 @@ def _topics(
 
 
 # ----------------------------------------------------------- deleted pipeline
-def observe_deleted(kube: Kube, body: Mapping[str, Any], watch: LeaseWatch) -> DeletedPipeline:
+def observe_deleted(
+    kube: ClusterReads, body: Mapping[str, Any], watch: LeaseWatch
+) -> DeletedPipeline:
     """What finalizing a deleted pipeline decides on: the nodes whose out-of-service
     taint carries its mark (or that status.taintedNodes lists); for its internal topic,
     its workers, the partition Leases not yet run out on the operator's clock, and the
@@ -402,7 +408,7 @@ def observe_deleted(kube: Kube, body: Mapping[str, Any], watch: LeaseWatch) -> D
 
 
 def _kafka_of_deleted(
-    kube: Kube, namespace: str, name: str, body: Mapping[str, Any]
+    kube: ClusterReads, namespace: str, name: str, body: Mapping[str, Any]
 ) -> dict[str, Any]:
     try:
         spec = PipelineSpec.parse(name, namespace, body["spec"])

@@ -36,8 +36,9 @@ from typing import Any
 from dedup_contract import names, worker_metrics
 from dedup_contract.worker_metrics import scrape, worker_counters
 from dedup_operator import operator_metrics
+from dedup_operator.cluster_api import Cluster, ClusterReads
 from dedup_operator.executor import Acting, Recorder, execute
-from dedup_operator.kube import Conflict, Kube, NotLeader
+from dedup_operator.kube import Conflict, NotLeader
 from dedup_operator.memory import LeaseWatch, PipelineMemory
 from dedup_operator.observe import observe_deleted, observe_pipeline
 from dedup_operator.observed import lease_view, node_view
@@ -69,7 +70,7 @@ CHAINED_STEPS = 3
 
 
 def reconcile(
-    kube: Kube,
+    kube: Cluster,
     namespace: str,
     name: str,
     recorder: Callable[[Mapping[str, Any]], Recorder],
@@ -95,7 +96,7 @@ def reconcile(
         memory.meet(meta["uid"])
         acting = Acting(kube, recorder(body), memory, namespace, name, meta.get("resourceVersion"))
         try:
-            outcome = _pass(body, acting, settings, watch)
+            outcome = _pass(kube, body, acting, settings, watch)
         except (Conflict, NotLeader) as exc:
             result = "conflict" if isinstance(exc, Conflict) else "not-leader"
             log.info("pass over %s/%s abandoned: %s", namespace, name, exc)
@@ -109,12 +110,16 @@ def reconcile(
 
 
 def _pass(
-    body: Mapping[str, Any], acting: Acting, settings: ReconcileSettings, watch: LeaseWatch
+    kube: ClusterReads,
+    body: Mapping[str, Any],
+    acting: Acting,
+    settings: ReconcileSettings,
+    watch: LeaseWatch,
 ) -> Outcome:
     """observe → decide (`plan.plan_pass`, pure) → act → report; a second observe →
     decide → act after the plan created the internal topic (its check is remembered:
     the second look reuses it)."""
-    kube, memory = acting.kube, acting.memory
+    memory = acting.memory
     now = datetime.now(UTC)
     seen = observe_pipeline(kube, body, memory, watch, settings)
     if isinstance(seen, InvalidSpec):
@@ -222,7 +227,7 @@ def _worker_counters(
 
 
 def finalize(
-    kube: Kube,
+    kube: Cluster,
     body: Mapping[str, Any],
     record: Recorder,
     memory: PipelineMemory,
@@ -238,7 +243,7 @@ def finalize(
     return Outcome(key, "finalized" if done else "finalizing", tuple(acting.applied))
 
 
-def watch_leases(kube: Kube, namespace: str, name: str, watch: LeaseWatch) -> None:
+def watch_leases(kube: ClusterReads, namespace: str, name: str, watch: LeaseWatch) -> None:
     """A standby replica's pass: read the pipeline's partition Leases and the node
     heartbeats only to remember when each changed (the Lease clock and the unbroken
     view), acting on nothing. A standby that becomes leader then judges a Lease with the
