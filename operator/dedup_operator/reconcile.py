@@ -40,20 +40,18 @@ from dedup_operator.cluster_api import Cluster, ClusterReads
 from dedup_operator.executor import Acting, Recorder, execute
 from dedup_operator.kube import Conflict, NotLeader
 from dedup_operator.memory import LeaseWatch, PipelineMemory
-from dedup_operator.observe import observe_deleted, observe_pipeline
-from dedup_operator.observed import lease_view, node_view
-from dedup_operator.pass_outcome import Outcome
-from dedup_operator.plan import (
+from dedup_operator.observe import (
     InvalidSpec,
     PipelineObservation,
-    Plan,
-    pipeline_status,
-    plan_finalize,
-    plan_invalid,
-    plan_pass,
+    observe_deleted,
+    observe_pipeline,
 )
+from dedup_operator.observed import lease_view, node_view
+from dedup_operator.pass_outcome import Outcome
+from dedup_operator.plan import Plan, plan_finalize, plan_invalid, plan_pass
 from dedup_operator.settings import ReconcileSettings
-from dedup_operator.status import WorkerCounters, kept_counters
+from dedup_operator.status import kept_counters, pipeline_status
+from dedup_operator.status_records import WorkerCounters
 
 log = logging.getLogger("dedup_operator.reconcile")
 
@@ -141,7 +139,7 @@ def _pass(
         plan = _decide_and_act(seen, acting, settings, now)
     status = _report(seen, plan, acting, settings, now)
     key = (acting.namespace, acting.name)
-    rest = seen.rest(plan)
+    rest = plan.rest(seen)
     return Outcome(key, "ok", tuple(acting.applied), plan.requeue_after(now), status, rest)
 
 

@@ -23,8 +23,8 @@ from dedup_operator import executor, observe, reconcile
 from dedup_operator import memory as memory_mod
 from dedup_operator.desired.partition import template_hash
 from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.observe import PipelineObservation
 from dedup_operator.pass_outcome import Outcome
-from dedup_operator.plan import PipelineObservation
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.topics import HEADER_ROOM, TopicFacts
