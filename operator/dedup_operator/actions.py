@@ -5,6 +5,9 @@ Event they need already composed (`events.py`); the executor (`executor.py`) app
 each with the one function its type has. An Event that goes with a write whose outcome
 matters (a pod created, a Lease fenced, a node tainted, a taint lifted) is the action's
 own and is posted only when the write did something; every other Event is a `Tell`.
+
+Not to be confused with `failover.PartitionAction`: that is one partition's decision
+(fence, release, create a pod...), which the plan translates into these API steps.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ class DeleteAuditObject:
 class RememberObjectsEnsured:
     """The pipeline's own objects of `generation` are ensured (the next ensure is due
     after ReconcileSettings.ensure_s, or at once on a spec change); `applied`: the
-    digest of what was written (`plan.objects_applied`), for status.objectsApplied."""
+    digest of what was written (`plan_objects.objects_applied`), for status.objectsApplied."""
 
     generation: int
     applied: str | None = None

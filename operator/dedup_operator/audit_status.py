@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dedup_contract.timefmt import format_time_exact, parse_time
-from dedup_operator.status import Condition
+from dedup_operator.status_records import Condition
 
 CONDITION: Final = "ReconciliationHealthy"
 FINDINGS: Final = ("duplicates", "missing", "unexpected", "orderViolations")

@@ -22,7 +22,7 @@ from dedup_operator.failover import (
     CompleteHandover,
     Decision,
 )
-from dedup_operator.status import Condition
+from dedup_operator.status_records import Condition
 from dedup_operator.topics import OwnedTopicSettings, TopicCheck
 
 Event = tuple[str, str, str]  # (type "Normal"|"Warning", reason, message)

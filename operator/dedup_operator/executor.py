@@ -53,9 +53,9 @@ from dedup_operator.actions import (
     Tell,
     WriteHandoverRecord,
 )
+from dedup_operator.cluster_api import ClusterWrites
 from dedup_operator.events import Event
 from dedup_operator.kafka_admin import create_topic, delete_topic
-from dedup_operator.kube import Kube
 from dedup_operator.memory import PipelineMemory
 from dedup_operator.observe import read_topic_facts, topic_check
 from dedup_operator.topics import TopicFacts
@@ -74,7 +74,7 @@ class Recorder(Protocol):
 class Acting:
     """What the appliers of one pass share."""
 
-    kube: Kube
+    kube: ClusterWrites
     record: Recorder
     memory: PipelineMemory
     namespace: str

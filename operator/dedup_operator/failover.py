@@ -341,7 +341,10 @@ class CancelHandover:
     why: str
 
 
-Action = (
+# One partition's next move as decided here; `plan.py` turns each into the API steps of
+# the pass (`actions.PassAction`, what `executor.py` applies): e.g. a `FenceLease` becomes
+# a `FenceWorkerLease` carrying its Event.
+PartitionAction = (
     Steady | CreateLease | CreatePod | DeletePods | FenceLease | TaintOutOfService
     | BeginHandover | CompleteHandover | CancelHandover
 )  # fmt: skip
@@ -349,7 +352,7 @@ Action = (
 
 @dataclass(frozen=True)
 class Decision:
-    action: Action
+    action: PartitionAction
     # The handover record to persist before acting: unchanged, updated with step times,
     # or None (no handover in progress, or `CompleteHandover` clears it).
     handover: Handover | None
@@ -523,7 +526,7 @@ def _continue_handover(
     return Decision(CreatePod(epoch=next_epoch(obs, h), avoid_node=avoid), h.mark(STARTED, now))
 
 
-def _until_fenced(obs: PartitionObservation, now: datetime) -> Action | None:
+def _until_fenced(obs: PartitionObservation, now: datetime) -> PartitionAction | None:
     """What stands before the old worker counts as fenced: its Lease still held (wait),
     or run out but not yet cleared (clear it); None once fenced."""
     waiting = _lease_wait(obs, now)
@@ -548,7 +551,7 @@ def _fence_lease(obs: PartitionObservation) -> FenceLease | None:
     return FenceLease(lease.holder, lease.resource_version)
 
 
-def _graceful(old: Sequence[PodView], h: Handover) -> Action:
+def _graceful(old: Sequence[PodView], h: Handover) -> PartitionAction:
     alive = tuple(p.name for p in old if not p.deleting)
     if alive:
         return DeletePods(alive, force=False, why=f"handover ({h.reason.value})")

@@ -23,7 +23,7 @@ from typing import Any
 
 from dedup_contract.lease_clock import ContinuousView, LeaseClock
 from dedup_operator.observed import observe_lease
-from dedup_operator.status import ScrapedCounters
+from dedup_operator.status_records import ScrapedCounters
 from dedup_operator.topics import TopicCheck
 
 # Without a watch, node heartbeats read more than this apart break the unbroken view:

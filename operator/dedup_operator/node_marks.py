@@ -17,6 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
+def taint_mark(namespace: str, name: str) -> str:
+    """How a pipeline marks the out-of-service taints it relies on (node annotation)."""
+    return f"{namespace}/{name}"
+
+
 @dataclass
 class _Batch:
     """The marks one write carries; its answer once written."""

@@ -10,6 +10,10 @@
 - `read_topic_facts` / `topic_check`: how the topics are read and checked (the
   executor reads them again after it created the internal topic).
 
+It owns what a pass observed (`PipelineObservation`, `InvalidSpec`, `DeletedPipeline`,
+`AuditSeen`, `MissingOwnedTopic`), which `plan.py` decides on, and reads the cluster
+only through `cluster_api.ClusterReads`.
+
 Every Lease is seen through the process's `LeaseWatch`: its clock remembers when each
 changed, which is how a Lease is known to have run out.
 """
@@ -18,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -28,26 +32,22 @@ from dedup_contract.handover import HandoverReason
 from dedup_contract.kafka_settings import KafkaSettingsError, parse_kafka_settings
 from dedup_operator import audit_status, ownership_generation, shared_kafka
 from dedup_operator.actions import TopicQuery
+from dedup_operator.cluster_api import ClusterReads
 from dedup_operator.desired import scheduled_audit
+from dedup_operator.desired.owner import Owner
 from dedup_operator.failover import LeaseView, NodeView, PodView, ReleaseVolume
 from dedup_operator.kafka_admin import read_topics
-from dedup_operator.kube import Kube
-from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.memory import LeaseWatch, PipelineMemory, Recalled
+from dedup_operator.node_marks import taint_mark
 from dedup_operator.observed import (
+    Obj,
     lease_view,
     node_pod,
     node_view,
     pod_view,
     worker_lease_name,
 )
-from dedup_operator.plan import (
-    AuditSeen,
-    DeletedPipeline,
-    InvalidSpec,
-    MissingOwnedTopic,
-    PipelineObservation,
-    taint_mark,
-)
+from dedup_operator.ownership_generation import OwnershipState
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec, SpecError
 from dedup_operator.topics import (
@@ -61,8 +61,106 @@ from dedup_operator.topics import (
 log = logging.getLogger("dedup_operator.reconcile")
 
 
+# ------------------------------------------------- what a pass observed (its types)
+@dataclass(frozen=True)
+class AuditSeen:
+    """The scheduled audit's result as read: its ConfigMap (None: none yet) and the
+    newest Spark operator run (name, state)."""
+
+    config_map: Obj | None = None
+    run: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class MissingOwnedTopic:
+    """The internal topic does not exist and the operator is to create it: how."""
+
+    query: TopicQuery
+    wanted: OwnedTopicSettings
+
+
+@dataclass(frozen=True)
+class PipelineObservation:
+    """What one pass read of a pipeline and the cluster around it."""
+
+    spec: PipelineSpec
+    generation: int
+    previous: Mapping[str, Any]  # the status as read at the pass's start
+    claims: Mapping[str, Obj]  # PVC name -> PVC
+    pods: Mapping[int, tuple[PodView, ...]]  # partition -> its worker pods
+    leases: Mapping[str, LeaseView]  # Lease name -> view
+    nodes: Mapping[str, NodeView]
+    attachments: Sequence[Obj]  # the VolumeAttachments of its claims' volumes
+    topic: TopicCheck
+    # the ownership generation (dedup_operator.ownership_generation.decide); None: as a new pipeline
+    ownership: OwnershipState | None = None
+    # the memory key of `topic` when it was read in this pass (it is remembered then)
+    topic_read: tuple[Any, ...] | None = None
+    uid: str = ""  # the pipeline's: the owner of its objects
+    finalizers: frozenset[str] = frozenset()  # the pipeline's, as read at the pass's start
+    recalled: Recalled = field(default_factory=Recalled)
+    owned_topic: MissingOwnedTopic | None = None  # to create before anything else
+    spark_operator: bool = False  # the ScheduledSparkApplication CRD is installed
+    audit: AuditSeen = field(default_factory=AuditSeen)
+    # an older pipeline on the same Kafka cluster holds what this one needs
+    # (dedup_operator.shared_kafka); None: nothing shared
+    shared: TopicCheck | None = None
+
+    @property
+    def topic_ready(self) -> TopicCheck:
+        """The TopicReady check the pass decides on: what is shared with an older
+        pipeline when anything is, else the topics' own check (`topic`, the one
+        remembered between passes)."""
+        return self.shared if self.shared is not None else self.topic
+
+    @property
+    def owner(self) -> Owner:
+        return Owner(self.spec.name, self.spec.namespace, self.uid)
+
+    def previous_partition(self, p: int) -> Mapping[str, Any]:
+        for entry in self.previous.get("partitions") or []:
+            if int(entry["partition"]) == p:
+                return entry  # type: ignore[no-any-return]
+        return {}
+
+    def volume_name(self, p: int) -> str | None:
+        claim = self.claims.get(names.volume_claim(self.spec.name, p)) or {}
+        return (claim.get("spec") or {}).get("volumeName")
+
+
+@dataclass(frozen=True)
+class InvalidSpec:
+    """A pipeline whose spec does not parse, as one pass read it."""
+
+    namespace: str
+    name: str
+    message: str
+    generation: int
+    previous: Mapping[str, Any]  # the status as read
+
+
+@dataclass(frozen=True)
+class DeletedPipeline:
+    """What one pass read of a deleted pipeline that still carries our finalizers."""
+
+    namespace: str
+    name: str
+    finalizers: frozenset[str]
+    topic: str  # the internal topic the operator names for it
+    marked_nodes: tuple[str, ...] = ()  # taints with our mark, or in status.taintedNodes
+    workers: tuple[tuple[str, str | None], ...] = ()  # (name, uid) of pods not deleting
+    held_leases: tuple[str, ...] = ()  # partition Leases not run out on our clock
+    spec_error: str | None = None  # the spec does not parse
+    settings_error: str | None = None  # the Kafka settings cannot be read
+    bootstrap: str = ""
+    kafka_settings: Mapping[str, str] | None = None
+
+
+# ------------------------------------------------------------------ the pipeline
+
+
 def observe_pipeline(
-    kube: Kube,
+    kube: ClusterReads,
     body: Mapping[str, Any],
     memory: PipelineMemory,
     watch: LeaseWatch,
@@ -117,7 +215,9 @@ def observe_pipeline(
     )
 
 
-def _shared(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) -> TopicCheck | None:
+def _shared(
+    kube: ClusterReads, body: Mapping[str, Any], settings: ReconcileSettings
+) -> TopicCheck | None:
     """What an older pipeline in the watched namespaces holds on the same Kafka cluster
     that this one needs (from the pipelines' watch: no request per pass)."""
     me = shared_kafka.claims_of(body)
@@ -131,7 +231,7 @@ _CLAIMS = shared_kafka.ClaimsMemo()  # the watched pipelines' claims, between pa
 
 
 def _partition_leases(
-    kube: Kube, namespace: str, raw: Mapping[str, Any], watch: LeaseWatch
+    kube: ClusterReads, namespace: str, raw: Mapping[str, Any], watch: LeaseWatch
 ) -> dict[str, LeaseView]:
     """The pipeline's Leases as the Lease clock has seen them. Read from a watch, a
     Lease's unchanged time counts from the watch's unbroken start at most
@@ -147,7 +247,7 @@ def _partition_leases(
     }
 
 
-def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
+def _nodes(kube: ClusterReads, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeView]:
     """Every Node with its heartbeat Lease (None: unreadable, the Ready condition
     decides), judged lost after the pipeline's nodeLostAfter (as judged for any pipeline
     of that nodeLostAfter in the last `memory.NODE_VIEWS_S`)."""
@@ -160,7 +260,9 @@ def _nodes(kube: Kube, spec: PipelineSpec, watch: LeaseWatch) -> dict[str, NodeV
     )
 
 
-def _judge_nodes(kube: Kube, lost_after: timedelta, watch: LeaseWatch) -> dict[str, NodeView]:
+def _judge_nodes(
+    kube: ClusterReads, lost_after: timedelta, watch: LeaseWatch
+) -> dict[str, NodeView]:
     heartbeats = kube.node_leases()
     watched_for = None
     if heartbeats is not None:
@@ -178,7 +280,7 @@ def _judge_nodes(kube: Kube, lost_after: timedelta, watch: LeaseWatch) -> dict[s
     return {n.name: n for n in views}
 
 
-def _worker_pods(kube: Kube, spec: PipelineSpec) -> dict[int, tuple[PodView, ...]]:
+def _worker_pods(kube: ClusterReads, spec: PipelineSpec) -> dict[int, tuple[PodView, ...]]:
     """The pipeline's worker pods by partition (by their names)."""
     pods: dict[int, list[PodView]] = {}
     for raw in kube.pods(spec.namespace, spec.name):
@@ -190,7 +292,7 @@ def _worker_pods(kube: Kube, spec: PipelineSpec) -> dict[int, tuple[PodView, ...
 
 
 def _lost_nodes(
-    kube: Kube,
+    kube: ClusterReads,
     spec: PipelineSpec,
     previous: Mapping[str, Any],
     nodes: Mapping[str, NodeView],
@@ -216,7 +318,7 @@ def _lost_nodes(
 
 
 def _lost_node_pods(
-    kube: Kube,
+    kube: ClusterReads,
     node: NodeView,
     leases: Mapping[str, Any],
     namespace: str,
@@ -249,7 +351,7 @@ def _lost_node_pods(
     return replace(node, pods=tuple(pods))
 
 
-def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSeen:
+def _audit_seen(kube: ClusterReads, spec: PipelineSpec, spark_operator: bool) -> AuditSeen:
     """The scheduled audit's result ConfigMap and the newest Spark operator run."""
     if spec.reconciliation is None:
         return AuditSeen()
@@ -262,7 +364,7 @@ def _audit_seen(kube: Kube, spec: PipelineSpec, spark_operator: bool) -> AuditSe
 
 
 # ----------------------------------------------------------------- topics
-def kafka_settings_of(kube: Kube, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
+def kafka_settings_of(kube: ClusterReads, spec: PipelineSpec) -> dict[str, str] | TopicCheck:
     """The operator's librdkafka settings for the pipeline's Kafka (the spec's, then the
     Secret's), or SecretMissing, or SecretInvalid (an entry that is not `key=value`)."""
     kafka_settings = dict(spec.kafka.config)
@@ -333,7 +435,7 @@ def topic_check(query: TopicQuery, facts: TopicFacts | TopicCheck) -> TopicCheck
 
 
 def _topics(
-    kube: Kube,
+    kube: ClusterReads,
     spec: PipelineSpec,
     memory: PipelineMemory,
     settings: ReconcileSettings,
@@ -370,7 +472,9 @@ def _topics(
 
 
 # ----------------------------------------------------------- deleted pipeline
-def observe_deleted(kube: Kube, body: Mapping[str, Any], watch: LeaseWatch) -> DeletedPipeline:
+def observe_deleted(
+    kube: ClusterReads, body: Mapping[str, Any], watch: LeaseWatch
+) -> DeletedPipeline:
     """What finalizing a deleted pipeline decides on: the nodes whose out-of-service
     taint carries its mark (or that status.taintedNodes lists); for its internal topic,
     its workers, the partition Leases not yet run out on the operator's clock, and the
@@ -402,7 +506,7 @@ def observe_deleted(kube: Kube, body: Mapping[str, Any], watch: LeaseWatch) -> D
 
 
 def _kafka_of_deleted(
-    kube: Kube, namespace: str, name: str, body: Mapping[str, Any]
+    kube: ClusterReads, namespace: str, name: str, body: Mapping[str, Any]
 ) -> dict[str, Any]:
     try:
         spec = PipelineSpec.parse(name, namespace, body["spec"])

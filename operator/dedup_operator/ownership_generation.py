@@ -46,7 +46,7 @@ from dedup_operator.failover import (
     partition_action,
 )
 from dedup_operator.spec import PipelineSpec
-from dedup_operator.status import Condition
+from dedup_operator.status_records import Condition
 
 RESHARD_PENDING: Final = "ReshardPending"
 OFF: Final = {"enabled": False}  # status.ownership of a pipeline that ran before it

@@ -1,7 +1,7 @@
 """What one reconcile pass does, decided from what it observed (pure).
 
 A pass over a pipeline is observe → decide → act → report (`reconcile.py` is the
-shell). This module is the decide step and the pure half of the report:
+shell). This module is the decide step:
 
 - `plan_pass(observation, now, settings)` decides every partition with
   `failover.partition_action`, and from those decisions: the status record to persist
@@ -14,7 +14,9 @@ shell). This module is the decide step and the pure half of the report:
   A plan that creates the internal topic holds nothing after it: the workers are
   decided on the topic as made (`Plan.observe_again`).
 - `plan_invalid` / `plan_finalize`: a spec that does not parse, a deleted pipeline.
-- `pipeline_status(...)` composes the status written at the end of the pass.
+- the status is composed by `status.py` (the entries of the partitions, and the
+  status written at the end of the pass); the pipeline's own objects and the audit's
+  result are planned by `plan_objects.py`; the observations come from `observe.py`.
 
 Nothing here reads the cluster or a clock; the executor applies the actions and, where
 an action's outcome matters (a taint someone else's got there first), keeps track.
@@ -22,8 +24,6 @@ an action's outcome matters (a taint someone else's got there first), keeps trac
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,19 +34,13 @@ from typing import Any
 from dedup_contract import names
 from dedup_contract.ownership_status import OWNERSHIP_SWITCHING
 from dedup_contract.ownership_status import STATUS_KEY as OWNERSHIP_KEY
-from dedup_contract.timefmt import format_time
-from dedup_operator import audit_status, events
+from dedup_operator import events
 from dedup_operator import ownership_generation as ownership_mod
 from dedup_operator.actions import (
-    AdoptAuditResult,
-    ApplyAuditSchedule,
-    CountAuditResult,
     CountHandoverBegun,
     CountHandoverCompleted,
     CreateOwnedTopic,
-    CreateVolumeClaim,
     CreateWorker,
-    DeleteAuditObject,
     DeleteOwnedTopic,
     DeleteWorkers,
     EnsureObject,
@@ -56,26 +50,16 @@ from dedup_operator.actions import (
     Note,
     PassAction,
     ReleaseTaintFinalizer,
-    RememberAuditUnreadable,
-    RememberObjectsEnsured,
     RememberSwitchIgnoredTold,
     RememberTopicCheck,
     RememberTopicTold,
-    ReplaceDisruptionBudget,
-    ReplaceRoleRules,
-    ResizeVolumeClaim,
     SetFinalizer,
     Tell,
-    TopicQuery,
     WriteHandoverRecord,
 )
 from dedup_operator.desired import partition as desired_partition
-from dedup_operator.desired import scheduled_audit
-from dedup_operator.desired.owner import Owner
-from dedup_operator.desired.pipeline import disruption_budget, pipeline_objects, role
 from dedup_operator.events import Event
 from dedup_operator.failover import (
-    Action,
     BeginHandover,
     CompleteHandover,
     CreateLease,
@@ -85,144 +69,30 @@ from dedup_operator.failover import (
     FailoverPolicy,
     FenceLease,
     Handover,
-    LeaseView,
-    NodeView,
+    PartitionAction,
     PartitionObservation,
-    PodView,
     Steady,
     TaintOutOfService,
     join_out_of_service_taint,
     partition_action,
     remove_out_of_service_taint,
 )
-from dedup_operator.memory import Recalled
-from dedup_operator.observed import Obj, attachments_of
-from dedup_operator.ownership_generation import OwnershipState, SwitchPhase
+from dedup_operator.node_marks import taint_mark
+from dedup_operator.observe import DeletedPipeline, InvalidSpec, PipelineObservation
+from dedup_operator.observed import attachments_of
+from dedup_operator.ownership_generation import SwitchPhase
 from dedup_operator.pass_outcome import Rest
+from dedup_operator.plan_objects import plan_audit, setup_actions
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.shared_kafka import SHARED_REASONS
-from dedup_operator.spec import PipelineSpec, quantity
 from dedup_operator.status import (
-    Condition,
-    PartitionStatus,
-    WorkerCounters,
-    merge_conditions,
-    phase_of,
-    summary_conditions,
+    handover_status,
+    invalid_spec_status,
+    partition_statuses,
+    pipeline_status,
 )
-from dedup_operator.topics import OwnedTopicSettings, TopicCheck
-
-
-def taint_mark(namespace: str, name: str) -> str:
-    """How a pipeline marks the out-of-service taints it relies on (node annotation)."""
-    return f"{namespace}/{name}"
-
-
-# ---------------------------------------------------------------- observations
-@dataclass(frozen=True)
-class AuditSeen:
-    """The scheduled audit's result as read: its ConfigMap (None: none yet) and the
-    newest Spark operator run (name, state)."""
-
-    config_map: Obj | None = None
-    run: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class MissingOwnedTopic:
-    """The internal topic does not exist and the operator is to create it: how."""
-
-    query: TopicQuery
-    wanted: OwnedTopicSettings
-
-
-@dataclass(frozen=True)
-class PipelineObservation:
-    """What one pass read of a pipeline and the cluster around it."""
-
-    spec: PipelineSpec
-    generation: int
-    previous: Mapping[str, Any]  # the status as read at the pass's start
-    claims: Mapping[str, Obj]  # PVC name -> PVC
-    pods: Mapping[int, tuple[PodView, ...]]  # partition -> its worker pods
-    leases: Mapping[str, LeaseView]  # Lease name -> view
-    nodes: Mapping[str, NodeView]
-    attachments: Sequence[Obj]  # the VolumeAttachments of its claims' volumes
-    topic: TopicCheck
-    # the ownership generation (dedup_operator.ownership_generation.decide); None: as a new pipeline
-    ownership: OwnershipState | None = None
-    # the memory key of `topic` when it was read in this pass (it is remembered then)
-    topic_read: tuple[Any, ...] | None = None
-    uid: str = ""  # the pipeline's: the owner of its objects
-    finalizers: frozenset[str] = frozenset()  # the pipeline's, as read at the pass's start
-    recalled: Recalled = field(default_factory=Recalled)
-    owned_topic: MissingOwnedTopic | None = None  # to create before anything else
-    spark_operator: bool = False  # the ScheduledSparkApplication CRD is installed
-    audit: AuditSeen = field(default_factory=AuditSeen)
-    # an older pipeline on the same Kafka cluster holds what this one needs
-    # (dedup_operator.shared_kafka); None: nothing shared
-    shared: TopicCheck | None = None
-
-    @property
-    def topic_ready(self) -> TopicCheck:
-        """The TopicReady check the pass decides on: what is shared with an older
-        pipeline when anything is, else the topics' own check (`topic`, the one
-        remembered between passes)."""
-        return self.shared if self.shared is not None else self.topic
-
-    @property
-    def owner(self) -> Owner:
-        return Owner(self.spec.name, self.spec.namespace, self.uid)
-
-    def previous_partition(self, p: int) -> Mapping[str, Any]:
-        for entry in self.previous.get("partitions") or []:
-            if int(entry["partition"]) == p:
-                return entry  # type: ignore[no-any-return]
-        return {}
-
-    def rest(self, plan: Plan) -> Rest | None:
-        """What can wake the pipeline before its resync when `plan` leaves it at rest:
-        its workers' nodes going silent (None: not at rest)."""
-        if not plan.at_rest():
-            return None
-        on = {p.node for pods in self.pods.values() for p in pods if p.node}
-        ages = {n: self.nodes[n].heartbeat_age if n in self.nodes else None for n in on}
-        return Rest(
-            nodes={n: None if a is None else a.total_seconds() for n, a in ages.items()},
-            lost_after_s=self.spec.failover.policy().node_lost_after.total_seconds(),
-        )
-
-    def volume_name(self, p: int) -> str | None:
-        claim = self.claims.get(names.volume_claim(self.spec.name, p)) or {}
-        return (claim.get("spec") or {}).get("volumeName")
-
-
-@dataclass(frozen=True)
-class InvalidSpec:
-    """A pipeline whose spec does not parse, as one pass read it."""
-
-    namespace: str
-    name: str
-    message: str
-    generation: int
-    previous: Mapping[str, Any]  # the status as read
-
-
-@dataclass(frozen=True)
-class DeletedPipeline:
-    """What one pass read of a deleted pipeline that still carries our finalizers."""
-
-    namespace: str
-    name: str
-    finalizers: frozenset[str]
-    topic: str  # the internal topic the operator names for it
-    marked_nodes: tuple[str, ...] = ()  # taints with our mark, or in status.taintedNodes
-    workers: tuple[tuple[str, str | None], ...] = ()  # (name, uid) of pods not deleting
-    held_leases: tuple[str, ...] = ()  # partition Leases not run out on our clock
-    spec_error: str | None = None  # the spec does not parse
-    settings_error: str | None = None  # the Kafka settings cannot be read
-    bootstrap: str = ""
-    kafka_settings: Mapping[str, str] | None = None
+from dedup_operator.status_records import Condition, PartitionStatus
+from dedup_operator.topics import TopicCheck
 
 
 # ----------------------------------------------------------------------- plans
@@ -234,7 +104,7 @@ class PartitionStep:
 
     partition: int
     decision: Decision
-    action: Action | None
+    action: PartitionAction | None
     events: tuple[Event, ...]
 
 
@@ -289,6 +159,18 @@ class Plan:
             )
         )
 
+    def rest(self, obs: PipelineObservation) -> Rest | None:
+        """What can wake the pipeline before its resync when this plan leaves it at rest:
+        its workers' nodes going silent (None: not at rest)."""
+        if not self.at_rest():
+            return None
+        on = {p.node for pods in obs.pods.values() for p in pods if p.node}
+        ages = {n: obs.nodes[n].heartbeat_age if n in obs.nodes else None for n in on}
+        return Rest(
+            nodes={n: None if a is None else a.total_seconds() for n, a in ages.items()},
+            lost_after_s=obs.spec.failover.policy().node_lost_after.total_seconds(),
+        )
+
     def requeue_after(self, now: datetime) -> float | None:
         """When the next pass is due, in seconds: at once (0) when this one acted -- a
         handover takes one step per pass (fence, release, create), and each step's
@@ -328,11 +210,11 @@ def plan_pass(
     own objects and volume claims (the internal topic, when it is to be created, ends
     the plan there), the TopicReady failure, the workers' plan (`_plan_workers`), the
     audit's result, and what the new status tells."""
-    setup = _setup_actions(obs, settings or ReconcileSettings())
+    setup = setup_actions(obs, settings or ReconcileSettings())
     if obs.owned_topic is not None:
         return _topic_first(obs, setup)
     workers = _plan_workers(obs, now)
-    audit = _plan_audit(obs)
+    audit = plan_audit(obs)
     workers = replace(workers, last_audit=audit.last, audit_condition=audit.condition)
     actions = (
         *_topic_remembered(obs),
@@ -352,7 +234,7 @@ def _plan_workers(obs: PipelineObservation, now: datetime) -> Plan:
     spec = obs.spec
     us = taint_mark(spec.namespace, spec.name)
     decisions = _decide_partitions(obs, spec.failover.policy(), now)
-    parts = _partition_statuses(obs, decisions, now)
+    parts = partition_statuses(obs, decisions, now)
     to_taint, to_join = _taints_relied_on(obs, decisions, us)
     tainted = list(obs.previous.get("taintedNodes") or [])
     marking = sorted(n for n in to_taint | to_join if n not in tainted)
@@ -386,26 +268,9 @@ def _plan_workers(obs: PipelineObservation, now: datetime) -> Plan:
     )
 
 
-def _partition_statuses(
-    obs: PipelineObservation, decisions: Mapping[int, Decision], now: datetime
-) -> dict[int, PartitionStatus]:
-    parts = {
-        p: _partition_status(p, list(obs.pods.get(p, ())), d, obs.previous_partition(p))
-        for p, d in decisions.items()
-    }
-    for p, d in decisions.items():
-        if isinstance(d.action, CompleteHandover):  # recorded with the handover's end
-            parts[p] = replace(
-                parts[p],
-                last_handover=_completed(d.action.handover.to_status(), d.action.pod),
-                last_failover=format_time(now),
-            )
-    return parts
-
-
 def _handovers_changed(obs: PipelineObservation, decisions: Mapping[int, Decision]) -> bool:
     return any(
-        _handover_status(d) != (obs.previous_partition(p).get("handover") or None)
+        handover_status(d) != (obs.previous_partition(p).get("handover") or None)
         for p, d in decisions.items()
     )
 
@@ -449,7 +314,7 @@ def _steps(
     parts = dict(parts)
     steps = []
     for p, d in decisions.items():
-        action: Action | None = d.action
+        action: PartitionAction | None = d.action
         topic = obs.topic_ready
         if isinstance(action, CreatePod) and not _startable(topic, p):
             what = "internal topic" if topic.reason.startswith("Owned") else "input topic"
@@ -580,138 +445,6 @@ def _our_attachments(obs: PipelineObservation, node_name: str) -> int:
     )
 
 
-def _completed(handover: Mapping[str, Any], pod: str) -> dict[str, Any]:
-    """status.partitions[].lastHandover as the record persisted before acting: `told`
-    False until the status written after the pass's Events says True (`pipeline_status`).
-    A pass that stopped in between (killed, deposed, a conflict) leaves it False, and the
-    next pass tells the completion then: the Event is posted at least once."""
-    return {**handover, "toPod": pod, "told": False}
-
-
-def _handover_status(decision: Decision) -> dict[str, Any] | None:
-    return decision.handover.to_status() if decision.handover else None
-
-
-def _partition_status(
-    p: int, pods: list[PodView], decision: Decision, previous: Mapping[str, Any]
-) -> PartitionStatus:
-    current = max((v for v in pods if not v.deleting), key=lambda v: v.epoch, default=None)
-    if current is None:
-        current = max(pods, key=lambda v: v.epoch, default=None)
-    action = decision.action
-    waiting = None
-    if isinstance(action, Steady):
-        waiting = action.waiting_for
-    if decision.degraded:
-        waiting = f"DEGRADED: {decision.degraded}"
-    ready = bool(
-        current is not None
-        and current.ready
-        and current.phase == "Running"
-        and not current.deleting
-        and decision.handover is None
-    )
-    return PartitionStatus(
-        partition=p,
-        pod=current.name if current else None,
-        node=current.node if current else None,
-        epoch=current.epoch if current else 0,
-        phase=("FailingOver" if decision.handover else (current.phase if current else "Missing")),
-        ready=ready,
-        waiting_for=waiting,
-        handover=_handover_status(decision),
-        last_handover=previous.get("lastHandover"),
-        last_failover=previous.get("lastFailover"),
-    )
-
-
-def pipeline_status(
-    obs: PipelineObservation,
-    plan: Plan,
-    counters: Mapping[int, WorkerCounters],
-    tainted: Sequence[str],
-    last_audit: Mapping[str, Any] | None,
-    audit_condition: Condition | None,
-    now: datetime,
-) -> dict[str, Any]:
-    """The status this pass writes: the plan's partitions with their workers' counters,
-    the summary conditions and phase, and the audit's last result."""
-    entries = _status_entries(obs, plan, counters)
-    degraded = [d.degraded for d in plan.decisions().values() if d.degraded]
-    topic = obs.topic_ready
-    if not topic.ok and topic.reason != "KafkaUnreachable":
-        degraded.append(topic.message)
-    spec_current = all(
-        v.spec_hash == desired_partition.template_hash(obs.spec, p)
-        for p in range(obs.spec.partitions)
-        for v in obs.pods.get(p, ())
-        if not v.deleting
-    )
-    topic_condition = Condition("TopicReady", topic.ok, topic.reason, topic.message)
-    conditions = summary_conditions(
-        entries, obs.spec.partitions, topic_condition, degraded, spec_current
-    )
-    if obs.ownership is not None and obs.ownership.condition is not None:
-        conditions.append(obs.ownership.condition)  # ReshardPending, OwnershipOff
-    if plan.ownership is not None and plan.ownership.get("enabled") is not False:
-        # recorded in this pass: no longer off
-        conditions = [c for c in conditions if c.type != ownership_mod.OWNERSHIP_OFF]
-    workers_ready = all(e.ready and not e.handover for e in entries) and spec_current
-    switching = ownership_mod.switching_condition(obs.ownership, workers_ready)
-    if switching is not None:
-        conditions.append(switching)
-    if audit_condition is not None:
-        conditions.append(audit_condition)
-    status: dict[str, Any] = {
-        "phase": phase_of(entries, bool(degraded), obs.previous.get("phase")),
-        "observedGeneration": obs.generation,
-        "readyPartitions": sum(1 for e in entries if e.ready),
-        "duplicatesDropped": sum(c.duplicates for c in counters.values()),
-        "recordsIn": sum(c.records_in for c in counters.values()),
-        "recordsOut": sum(c.records_out for c in counters.values()),
-        "consumerLag": sum(c.lag for c in counters.values()),
-        "failovers": plan.failovers,
-        "taintedNodes": list(tainted),
-        "conditions": merge_conditions(
-            obs.previous.get("conditions") or [], conditions, obs.generation, now
-        ),
-        "partitions": [e.to_status() for e in entries],
-    }
-    applied = _objects_applied_status(obs, plan)
-    if applied:
-        status["objectsApplied"] = applied
-    if plan.ownership is not None:
-        status[OWNERSHIP_KEY] = dict(plan.ownership)
-    if last_audit:
-        status["lastReconciliation"] = dict(last_audit)
-    return status
-
-
-def _objects_applied_status(obs: PipelineObservation, plan: Plan) -> str | None:
-    """status.objectsApplied: the digest this pass wrote its objects with, else the one
-    this process did, else as recorded."""
-    written = (a.applied for a in plan.actions if isinstance(a, RememberObjectsEnsured))
-    return (
-        next((d for d in written if d), None)
-        or obs.recalled.applied
-        or obs.previous.get("objectsApplied")
-    )
-
-
-def _status_entries(
-    obs: PipelineObservation, plan: Plan, counters: Mapping[int, WorkerCounters]
-) -> list[PartitionStatus]:
-    """The plan's partitions with their workers' counters, every completion told (this
-    pass has told them: plan.steps)."""
-    parts = dict(plan.partitions)
-    for p, c in counters.items():
-        parts[p] = replace(parts[p], lag=c.lag, duplicates=c.duplicates)
-    for p, entry in parts.items():
-        if entry.last_handover and entry.last_handover.get("told") is False:
-            parts[p] = replace(entry, last_handover={**entry.last_handover, "told": True})
-    return [parts[p] for p in range(obs.spec.partitions)]
-
-
 def _has_condition(status: Mapping[str, Any], type_: str) -> bool:
     return any(
         c.get("type") == type_ and c.get("status") == "True" for c in status.get("conditions") or []
@@ -746,7 +479,7 @@ def _worker_actions(obs: PipelineObservation, plan: Plan) -> tuple[PassAction, .
 
 @singledispatch
 def _carried_out(
-    action: Action, step: PartitionStep, obs: PipelineObservation, plan: Plan
+    action: PartitionAction, step: PartitionStep, obs: PipelineObservation, plan: Plan
 ) -> tuple[PassAction, ...]:
     """A partition's action as the pass's actions. Steady and CancelHandover write
     nothing (their Events are the step's)."""
@@ -820,96 +553,6 @@ def _complete(
     )
 
 
-def objects_applied(obs: PipelineObservation) -> str:
-    """A digest of the pipeline's own objects as this operator writes them (the
-    workers' ServiceAccount, Role, RoleBinding, Service, budget, the scheduled audit's
-    objects): recorded in `status.objectsApplied` once written, so that a new process
-    (a restart, a new leader) writes nothing where they are what it would write."""
-    spec, owner = obs.spec, obs.owner
-    objects = [
-        *pipeline_objects(spec, owner),
-        role(spec, owner),
-        disruption_budget(spec, owner),
-        *(
-            [
-                *scheduled_audit.reconciliation_objects(spec, owner, obs.spark_operator),
-                scheduled_audit.role(spec, owner),
-            ]
-            if spec.reconciliation is not None
-            else []
-        ),
-    ]
-    text = json.dumps(objects, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _setup_actions(obs: PipelineObservation, settings: ReconcileSettings) -> list[PassAction]:
-    """The pipeline's own objects (on spec changes and every ensure_s; their Role's
-    rules and the budget's minAvailable written on spec changes and at the process's
-    first pass only, as they change with nothing else; not at the first pass when the
-    status records them as this process would write them) and a volume claim per
-    partition, grown when spec.storage.size grows (from the claims as read: the next
-    pass sees those created here)."""
-    spec, owner = obs.spec, obs.owner
-    ensured = obs.recalled.ensured
-    changed = ensured is None or ensured[0] != obs.generation
-    actions: list[PassAction] = []
-    digest = None
-    if changed:
-        digest = objects_applied(obs)
-        if ensured is None and obs.previous.get("objectsApplied") == digest:
-            # a new process (restart, new leader): as recorded, nothing to write; their
-            # existence is checked every ensure_s from now on
-            changed, digest = False, None
-            actions.append(RememberObjectsEnsured(obs.generation))
-    if changed or (ensured is not None and ensured[1] > settings.ensure_s):
-        actions += [EnsureObject(o) for o in pipeline_objects(spec, owner)]
-        if changed:  # a spec change, or this process's first pass: writes, so not timed
-            actions.append(ReplaceRoleRules(role(spec, owner)))
-            actions.append(ReplaceDisruptionBudget(disruption_budget(spec, owner)))
-        actions += _audit_schedule(obs, cleanup=changed)
-        actions.append(RememberObjectsEnsured(obs.generation, digest))
-    for p in range(spec.partitions):
-        claim_name = names.volume_claim(spec.name, p)
-        claim = obs.claims.get(claim_name)
-        if claim is None:
-            body = desired_partition.volume_claim(spec, p, owner)
-            actions.append(CreateVolumeClaim(body, events.volume_created(p, claim_name)))
-            continue
-        asked = (
-            ((claim.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
-        )
-        if asked and quantity(asked) < quantity(spec.storage.size):
-            size = spec.storage.size
-            told = events.volume_resized(claim_name, asked, size)
-            actions.append(ResizeVolumeClaim(spec.namespace, claim_name, size, told))
-    return actions
-
-
-def _audit_schedule(obs: PipelineObservation, cleanup: bool) -> list[PassAction]:
-    """Keep the scheduled audit's objects in step with spec.reconciliation: the CronJob,
-    or the ScheduledSparkApplication when the Spark operator's CRD is installed (the
-    other one deleted, so installing the Spark operator later switches over); all of
-    them deleted when the spec has no reconciliation (checked on spec changes and at
-    start only: `cleanup`)."""
-    spec, owner = obs.spec, obs.owner
-    job = names.reconciliation_job(spec.name)
-    kinds = ("CronJob", "ScheduledSparkApplication", "RoleBinding", "Role", "ServiceAccount")
-    if spec.reconciliation is None:
-        return [DeleteAuditObject(kind, spec.namespace, job) for kind in kinds] if cleanup else []
-    actions: list[PassAction] = []
-    for obj in scheduled_audit.reconciliation_objects(spec, owner, obs.spark_operator):
-        if obj["kind"] not in ("CronJob", "ScheduledSparkApplication"):
-            actions.append(EnsureObject(obj))
-            continue
-        actions.append(ApplyAuditSchedule(obj))
-        other = "CronJob" if obj["kind"] != "CronJob" else "ScheduledSparkApplication"
-        if other == "CronJob" or obs.spark_operator:  # the CRD may come or go
-            actions.append(DeleteAuditObject(other, spec.namespace, job))
-    actions.append(ReplaceRoleRules(scheduled_audit.role(spec, owner)))
-    return actions
-
-
 def _topic_first(obs: PipelineObservation, setup: Sequence[PassAction]) -> Plan:
     """The internal topic created (its finalizer on first: a pipeline deleted from now
     on deletes it) after the pipeline's own objects; nothing else is decided before the
@@ -963,57 +606,6 @@ def _topic_told(obs: PipelineObservation) -> tuple[PassAction, ...]:
     return ()
 
 
-@dataclass(frozen=True)
-class _AuditPlan:
-    actions: tuple[PassAction, ...]
-    last: Mapping[str, Any] | None  # status.lastReconciliation after this pass
-    condition: Condition | None
-
-
-def _plan_audit(obs: PipelineObservation) -> _AuditPlan:
-    """status.lastReconciliation after this pass: the previous one, or the audit's newer
-    result (with its Event and metrics), plus the newest Spark operator run's state; the
-    result ConfigMap adopted by the pipeline."""
-    spec = obs.spec
-    before = obs.previous.get("lastReconciliation") or None
-    if spec.reconciliation is None:
-        return _AuditPlan((), before, None)
-    name = names.reconciliation_result(spec.name)
-    actions: list[PassAction] = []
-    text = None
-    config_map = obs.audit.config_map
-    if config_map is not None:
-        actions.append(AdoptAuditResult(spec.namespace, config_map, obs.owner.reference()))
-        text = (config_map.get("data") or {}).get(names.RECONCILIATION_SUMMARY_KEY)
-    try:
-        out = audit_status.outcome(text, name, before, obs.audit.run)
-    except audit_status.SummaryError as exc:
-        actions += _audit_unreadable(obs, f"ConfigMap {name}: {exc}")
-        out = audit_status.outcome(None, name, before, obs.audit.run)
-    else:
-        if obs.recalled.audit_unreadable is not None:
-            actions.append(RememberAuditUnreadable(None))
-    if out.new_result and out.last is not None:
-        dup, missing = out.last["duplicates"], out.last["missing"]
-        counted = CountAuditResult(spec.namespace, spec.name, bool(out.passed), dup, missing)
-        actions += [Tell(events.audit_result(out.last)), counted]
-    last = out.last if out.last is not None else before
-    condition = audit_status.condition(last) if last and "time" in last else None
-    return _AuditPlan(tuple(actions), last, condition)
-
-
-def _audit_unreadable(obs: PipelineObservation, why: str) -> list[PassAction]:
-    """An unreadable audit summary, told once (until it changes or reads again)."""
-    if obs.recalled.audit_unreadable == why:
-        return []
-    line = events.audit_unreadable_line(obs.spec.namespace, obs.spec.name, why)
-    return [
-        Note(logging.WARNING, line),
-        Tell(events.reconciliation_unreadable(why)),
-        RememberAuditUnreadable(why),
-    ]
-
-
 def _told_by_status(obs: PipelineObservation, plan: Plan, now: datetime) -> tuple[Tell, ...]:
     """The pipeline Running for the first time (or again), and the switch to ownership
     completed, as the status this pass writes says (the workers' counters aside)."""
@@ -1039,18 +631,7 @@ def plan_invalid(seen: InvalidSpec, now: datetime) -> InvalidSpecPlan:
     actions: tuple[PassAction, ...] = ()
     if previous.get("phase") != "Failed" or previous.get("observedGeneration") != generation:
         actions = (Tell(events.invalid_spec(message)),)
-    conditions = [
-        Condition("Ready", False, "InvalidSpec", message),
-        Condition("Degraded", True, "InvalidSpec", message),
-    ]
-    status = {
-        "phase": "Failed",
-        "observedGeneration": generation,
-        "conditions": merge_conditions(
-            previous.get("conditions") or [], conditions, generation, now
-        ),
-    }
-    return InvalidSpecPlan(actions, status)
+    return InvalidSpecPlan(actions, invalid_spec_status(previous, generation, message, now))
 
 
 def plan_finalize(seen: DeletedPipeline) -> FinalizePlan:

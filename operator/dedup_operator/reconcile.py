@@ -36,23 +36,22 @@ from typing import Any
 from dedup_contract import names, worker_metrics
 from dedup_contract.worker_metrics import scrape, worker_counters
 from dedup_operator import operator_metrics
+from dedup_operator.cluster_api import Cluster, ClusterReads
 from dedup_operator.executor import Acting, Recorder, execute
-from dedup_operator.kube import Conflict, Kube, NotLeader
+from dedup_operator.kube import Conflict, NotLeader
 from dedup_operator.memory import LeaseWatch, PipelineMemory
-from dedup_operator.observe import observe_deleted, observe_pipeline
-from dedup_operator.observed import lease_view, node_view
-from dedup_operator.pass_outcome import Outcome
-from dedup_operator.plan import (
+from dedup_operator.observe import (
     InvalidSpec,
     PipelineObservation,
-    Plan,
-    pipeline_status,
-    plan_finalize,
-    plan_invalid,
-    plan_pass,
+    observe_deleted,
+    observe_pipeline,
 )
+from dedup_operator.observed import lease_view, node_view
+from dedup_operator.pass_outcome import Outcome
+from dedup_operator.plan import Plan, plan_finalize, plan_invalid, plan_pass
 from dedup_operator.settings import ReconcileSettings
-from dedup_operator.status import WorkerCounters, kept_counters
+from dedup_operator.status import kept_counters, pipeline_status
+from dedup_operator.status_records import WorkerCounters
 
 log = logging.getLogger("dedup_operator.reconcile")
 
@@ -69,7 +68,7 @@ CHAINED_STEPS = 3
 
 
 def reconcile(
-    kube: Kube,
+    kube: Cluster,
     namespace: str,
     name: str,
     recorder: Callable[[Mapping[str, Any]], Recorder],
@@ -95,7 +94,7 @@ def reconcile(
         memory.meet(meta["uid"])
         acting = Acting(kube, recorder(body), memory, namespace, name, meta.get("resourceVersion"))
         try:
-            outcome = _pass(body, acting, settings, watch)
+            outcome = _pass(kube, body, acting, settings, watch)
         except (Conflict, NotLeader) as exc:
             result = "conflict" if isinstance(exc, Conflict) else "not-leader"
             log.info("pass over %s/%s abandoned: %s", namespace, name, exc)
@@ -109,12 +108,16 @@ def reconcile(
 
 
 def _pass(
-    body: Mapping[str, Any], acting: Acting, settings: ReconcileSettings, watch: LeaseWatch
+    kube: ClusterReads,
+    body: Mapping[str, Any],
+    acting: Acting,
+    settings: ReconcileSettings,
+    watch: LeaseWatch,
 ) -> Outcome:
     """observe → decide (`plan.plan_pass`, pure) → act → report; a second observe →
     decide → act after the plan created the internal topic (its check is remembered:
     the second look reuses it)."""
-    kube, memory = acting.kube, acting.memory
+    memory = acting.memory
     now = datetime.now(UTC)
     seen = observe_pipeline(kube, body, memory, watch, settings)
     if isinstance(seen, InvalidSpec):
@@ -136,7 +139,7 @@ def _pass(
         plan = _decide_and_act(seen, acting, settings, now)
     status = _report(seen, plan, acting, settings, now)
     key = (acting.namespace, acting.name)
-    rest = seen.rest(plan)
+    rest = plan.rest(seen)
     return Outcome(key, "ok", tuple(acting.applied), plan.requeue_after(now), status, rest)
 
 
@@ -222,7 +225,7 @@ def _worker_counters(
 
 
 def finalize(
-    kube: Kube,
+    kube: Cluster,
     body: Mapping[str, Any],
     record: Recorder,
     memory: PipelineMemory,
@@ -238,7 +241,7 @@ def finalize(
     return Outcome(key, "finalized" if done else "finalizing", tuple(acting.applied))
 
 
-def watch_leases(kube: Kube, namespace: str, name: str, watch: LeaseWatch) -> None:
+def watch_leases(kube: ClusterReads, namespace: str, name: str, watch: LeaseWatch) -> None:
     """A standby replica's pass: read the pipeline's partition Leases and the node
     heartbeats only to remember when each changed (the Lease clock and the unbroken
     view), acting on nothing. A standby that becomes leader then judges a Lease with the

@@ -2,7 +2,7 @@
 appliers do with a write's outcome (an action's own Event only when the write did
 something, a taint someone else's got to first off the list, the fault point before
 the handover record, a refused topic deletion stopping the rest), over a STAND-IN for
-the API server (test_reconcile_pass.FakeKube); the real one: tests/integration/test_operator*.py."""
+the API server (support.fake_kube.FakeKube); the real one: tests/integration/test_operator*.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from test_reconcile_pass import FakeKube, pipeline_body
+from test_reconcile_pass import pipeline_body
 
 from dedup_contract import names
 from dedup_operator import actions, executor
@@ -27,6 +27,7 @@ from dedup_operator.actions import (
 )
 from dedup_operator.executor import APPLIERS, Acting, execute
 from dedup_operator.memory import PipelineMemory
+from support.fake_kube import FakeKube
 
 TOLD = ("Normal", "Told", "something happened")
 
@@ -77,7 +78,7 @@ def acting(kube: Kube, tainted: tuple[str, ...] = ()) -> tuple[Acting, list[Any]
     def record(type_: str, reason: str, message: str, error: bool = False) -> None:
         told.append((type_, reason, message, error))
 
-    context = Acting(kube, record, PipelineMemory(), "analytics", "events", "10")  # type: ignore[arg-type]
+    context = Acting(kube, record, PipelineMemory(), "analytics", "events", "10")
     context.tainted = list(tainted)
     return context, told
 

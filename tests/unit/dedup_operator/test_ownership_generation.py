@@ -16,8 +16,9 @@ from dedup_contract import names
 from dedup_contract.ownership_status import ran_before
 from dedup_operator.failover import CreatePod, LeaseView
 from dedup_operator.ownership_generation import OWNERSHIP_OFF, RESHARD_PENDING, decide
-from dedup_operator.plan import pipeline_status, plan_pass
+from dedup_operator.plan import plan_pass
 from dedup_operator.spec import PipelineSpec
+from dedup_operator.status import pipeline_status
 from dedup_operator.topics import TopicCheck
 
 BODY: dict[str, Any] = {

@@ -35,8 +35,9 @@ from dedup_operator.ownership_generation import (
     SwitchPhase,
     decide,
 )
-from dedup_operator.plan import Plan, pipeline_status, plan_pass
+from dedup_operator.plan import Plan, plan_pass
 from dedup_operator.spec import PipelineSpec
+from dedup_operator.status import pipeline_status
 from dedup_operator.topics import TopicCheck
 
 OFF_TOPIC = TopicCheck(True, "TopicFound", "input topic has 2 partitions", 2)

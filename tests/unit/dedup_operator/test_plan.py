@@ -18,14 +18,12 @@ from dedup_operator.failover import (
     PodView,
     Steady,
 )
-from dedup_operator.plan import (
-    PipelineObservation,
-    WorkerCounters,
-    pipeline_status,
-    plan_pass,
-    taint_mark,
-)
+from dedup_operator.node_marks import taint_mark
+from dedup_operator.observe import PipelineObservation
+from dedup_operator.plan import plan_pass
 from dedup_operator.spec import PipelineSpec
+from dedup_operator.status import pipeline_status
+from dedup_operator.status_records import WorkerCounters
 from dedup_operator.topics import TopicCheck
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -226,20 +224,20 @@ def test_the_next_pass_is_due_at_once_after_acting_else_when_a_wait_runs_out() -
 
 def test_a_steady_pipeline_rests_on_its_workers_nodes_and_a_waiting_one_does_not() -> None:
     steady = observation()
-    rest = steady.rest(plan_pass(steady, NOW))
+    rest = plan_pass(steady, NOW).rest(steady)
     assert rest is not None, "nothing pending: at rest"
     assert dict(rest.nodes) == {"n1": 1.0, "n2": 1.0}, "its workers' nodes, silent 1 s each"
     assert rest.lost_after_s == 20.0
     nodes = {"n1": node("n1", up=False), "n2": node("n2"), "n3": node("n3")}
     begun_obs = observation(nodes=nodes)
     begun = plan_pass(begun_obs, NOW)
-    assert begun_obs.rest(begun) is None, "a handover recorded: busy"
+    assert begun.rest(begun_obs) is None, "a handover recorded: busy"
     waiting_obs = observation(
         nodes=nodes, previous=begun.record, leases=dict([lease(0, 1, 4), lease(1, 1)])
     )
-    assert waiting_obs.rest(plan_pass(waiting_obs, NOW)) is None, "waiting for a Lease: busy"
+    assert plan_pass(waiting_obs, NOW).rest(waiting_obs) is None, "waiting for a Lease: busy"
     starting = observation(pods={0: (worker(0, 1, "n1", ready=False),), 1: ()})
-    assert starting.rest(plan_pass(starting, NOW)) is None, "a worker to create: busy"
+    assert plan_pass(starting, NOW).rest(starting) is None, "a worker to create: busy"
 
 
 def test_a_completion_recorded_but_not_told_is_told_by_the_next_pass() -> None:

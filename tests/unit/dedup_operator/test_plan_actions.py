@@ -36,16 +36,9 @@ from dedup_operator.actions import (
     WriteHandoverRecord,
 )
 from dedup_operator.memory import Recalled
-from dedup_operator.plan import (
-    AuditSeen,
-    DeletedPipeline,
-    InvalidSpec,
-    MissingOwnedTopic,
-    objects_applied,
-    plan_finalize,
-    plan_invalid,
-    plan_pass,
-)
+from dedup_operator.observe import AuditSeen, DeletedPipeline, InvalidSpec, MissingOwnedTopic
+from dedup_operator.plan import plan_finalize, plan_invalid, plan_pass
+from dedup_operator.plan_objects import objects_applied
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.topics import OwnedTopicSettings, TopicCheck

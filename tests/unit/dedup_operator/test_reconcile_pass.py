@@ -1,5 +1,5 @@
 """Whole reconcile passes (dedup_operator.reconcile) over STAND-INS for the API server
-(`FakeKube`) and Kafka's admin calls: the Outcome each returns (its result, the actions
+(`support.fake_kube.FakeKube`) and Kafka's admin calls: the Outcome each returns (its result, the actions
 applied, `requeue_after`), that observing writes nothing and the report writes the
 status only, the internal topic created before the workers are decided, and a deleted
 pipeline finalized. Stand-ins because these assert the order of a pass's calls, which
@@ -22,13 +22,13 @@ from dedup_contract.timefmt import format_micro_time
 from dedup_operator import executor, observe, reconcile
 from dedup_operator import memory as memory_mod
 from dedup_operator.desired.partition import template_hash
-from dedup_operator.kube import Conflict
 from dedup_operator.memory import LeaseWatch, PipelineMemory
+from dedup_operator.observe import PipelineObservation
 from dedup_operator.pass_outcome import Outcome
-from dedup_operator.plan import PipelineObservation
 from dedup_operator.settings import ReconcileSettings
 from dedup_operator.spec import PipelineSpec
 from dedup_operator.topics import HEADER_ROOM, TopicFacts
+from support.fake_kube import FakeKube
 
 NS, NAME = "analytics", "events"
 SPEC: dict[str, Any] = {
@@ -78,124 +78,6 @@ def topic_facts(owned: bool) -> TopicFacts:
     )
 
 
-class FakeKube:
-    """A STAND-IN for the Kube shell: answers reads from what it holds; records every write (and refuses on demand).
-    Only the calls a reconcile pass makes."""
-
-    def __init__(self, body: Mapping[str, Any]) -> None:
-        self.body: dict[str, Any] = copy.deepcopy(dict(body))
-        self.claims: dict[str, Any] = {}
-        self.leases_: dict[str, Any] = {}
-        self.pods_: list[dict[str, Any]] = []
-        self.nodes_: list[dict[str, Any]] = [{"metadata": {"name": "n1"}}]
-        self.writes: list[tuple[Any, ...]] = []
-        self.conflict_on: str | None = None  # a write (by name) that raises Conflict
-        self.node_writes = 0  # no node taint written by this stand-in
-        self.other_pipelines: list[dict[str, Any]] = []  # beside `body`, in the watch
-
-    def _write(self, what: str, *args: Any) -> None:
-        if what == self.conflict_on:
-            raise Conflict(f"{NS}/{NAME} changed since this pass read it")
-        self.writes.append((what, *args))
-
-    # reads
-    def pipeline(self, namespace: str, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
-
-    def pipelines(self, namespaces: Any) -> list[dict[str, Any]]:
-        return [copy.deepcopy(self.body), *copy.deepcopy(self.other_pipelines)]
-
-    def volume_claims(self, namespace: str, pipeline: str) -> dict[str, Any]:
-        return dict(self.claims)
-
-    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        return None
-
-    def leases(self, namespace: str, pipeline: str) -> dict[str, Any]:
-        return dict(self.leases_)
-
-    def node_leases(self) -> dict[str, Any] | None:
-        return None
-
-    def leases_watched_since(self, namespace: str) -> float | None:
-        return None
-
-    def heartbeats_watched_since(self) -> float | None:
-        return None
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self.nodes_)
-
-    def pods(self, namespace: str, pipeline: str) -> list[dict[str, Any]]:
-        return list(self.pods_)
-
-    def volume_attachments(self, volumes: Any) -> list[dict[str, Any]]:
-        return []
-
-    def has_crd(self, name: str) -> bool:
-        return False
-
-    def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def nodes_marked_by(self, owner: str) -> list[str]:
-        return []
-
-    # writes
-    def ensure(self, body: Mapping[str, Any]) -> bool:
-        self._write("ensure", body["kind"], body["metadata"]["name"])
-        if body["kind"] == "PersistentVolumeClaim":  # read back by the next look
-            self.claims[body["metadata"]["name"]] = copy.deepcopy(dict(body))
-        return True
-
-    def replace_role_rules(self, body: Mapping[str, Any]) -> None:
-        self._write("replace_role_rules", body["metadata"]["name"])
-
-    def replace_disruption_budget_spec(self, body: Mapping[str, Any]) -> None:
-        self._write("replace_disruption_budget_spec", body["metadata"]["name"])
-
-    def delete_if_present(self, kind: str, namespace: str, name: str) -> bool:
-        self._write("delete_if_present", kind, name)
-        return False
-
-    def set_finalizer(
-        self,
-        namespace: str,
-        name: str,
-        finalizer: str,
-        present: bool,
-        resource_version: str | None = None,
-    ) -> str | None:
-        self._write("set_finalizer", finalizer, present, resource_version)
-        return self._moved_on()
-
-    def patch_status(
-        self,
-        namespace: str,
-        name: str,
-        status: Mapping[str, Any],
-        resource_version: str | None = None,
-    ) -> str:
-        self._write("patch_status", dict(status), resource_version)
-        return self._moved_on()
-
-    def create_pod(self, body: Mapping[str, Any]) -> bool:
-        self._write("create_pod", body["metadata"]["name"])
-        return True
-
-    def delete_pod(self, namespace: str, name: str, force: bool, uid: str | None = None) -> bool:
-        self._write("delete_pod", name, force, uid)
-        return True
-
-    def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        self._write("event", reason, message)
-
-    def _moved_on(self) -> str:
-        version = str(int(self.body["metadata"]["resourceVersion"]) + 1)
-        self.body["metadata"]["resourceVersion"] = version
-        return version
-
-
 def pipeline_body(**meta: Any) -> dict[str, Any]:
     return {
         "metadata": {
@@ -223,7 +105,7 @@ def run(
         return record
 
     return reconcile.reconcile(
-        kube,  # type: ignore[arg-type]
+        kube,
         NS,
         NAME,
         recorder,
@@ -376,7 +258,7 @@ def test_a_steady_pipeline_is_due_at_the_interval_and_writes_nothing_twice(
 def test_observing_writes_nothing(kafka: list[str]) -> None:
     kube, memory = FakeKube(pipeline_body()), PipelineMemory()
     seen = observe.observe_pipeline(
-        kube,  # type: ignore[arg-type]
+        kube,
         kube.body,
         memory,
         LeaseWatch(),
@@ -388,7 +270,7 @@ def test_observing_writes_nothing(kafka: list[str]) -> None:
     assert (memory.uid, memory.ensured, memory.topic) == (None, None, None)
     kafka.append("made")  # the internal topic exists: the check read is to be remembered
     seen = observe.observe_pipeline(
-        kube,  # type: ignore[arg-type]
+        kube,
         kube.body,
         memory,
         LeaseWatch(),
@@ -428,14 +310,14 @@ def test_a_deleted_pipeline_lifts_its_taints_and_lets_go(monkeypatch: pytest.Mon
     body = pipeline_body(deletionTimestamp="2026-01-01T00:00:00Z")
     body["metadata"]["finalizers"] = [names.FINALIZER_TAINTS]
     body["status"] = {"taintedNodes": ["n2"]}
-    kube = FakeKube(body)
     released: list[tuple[str, str]] = []
 
-    def release(node: str, owner: str) -> bool:
-        released.append((node, owner))
-        return True
+    class Releasing(FakeKube):
+        def release_out_of_service(self, node: str, owner: str) -> bool:
+            released.append((node, owner))
+            return True
 
-    kube.release_out_of_service = release  # type: ignore[attr-defined]
+    kube = Releasing(body)
     outcome = run(kube, PipelineMemory())
     assert outcome.finalized and outcome.requeue_after is None
     assert released == [("n2", f"{NS}/{NAME}")]
@@ -516,9 +398,6 @@ class LostNodeKube(FakeKube):
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self.pods_ if p["spec"].get("nodeName") == node]
-
-    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.leases_.get(name)
 
     def patch_status(
         self,

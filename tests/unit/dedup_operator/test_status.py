@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dedup_operator.status import (
-    Condition,
-    PartitionStatus,
-    WorkerCounters,
-    kept_counters,
-    merge_conditions,
-    phase_of,
-)
+from dedup_operator.status import kept_counters, merge_conditions, phase_of
+from dedup_operator.status_records import Condition, PartitionStatus, WorkerCounters
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 T1 = datetime(2026, 11, 22, 12, 5, tzinfo=UTC)
