@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -28,27 +27,24 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from .host import HostAddress, LoggedProcess, claim_host_address, may_die_with_parent, spawn_logged
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir, free_port, versions
 from .patience import PatientDeadline
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
-
-    from .real_network import HostAddress
 
 SETUP_HINT = "run: make setup-kube"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
@@ -134,95 +130,8 @@ def kube_binaries(bin_dir: Path | None = None) -> KubeBinaries:
     return KubeBinaries(bin_dir if bin_dir is not None else kube_bin_dir())
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    tail = text.splitlines()[-lines:]
-    return "\n".join(f"    {line}" for line in tail) if tail else f"(empty log {path})"
-
-
-def _child_setup(die_with_parent: bool) -> Callable[[], None]:
-    """What runs in the child before exec: its own process group and, on Linux, SIGKILL
-    when the parent dies (so a killed test run leaves no control plane behind). Linux
-    sends that signal when the *thread* that forked exits, so it is only asked for when
-    starting from the main thread."""
-
-    def setup() -> None:
-        os.setsid()
-        if die_with_parent:
-            with contextlib.suppress(Exception):
-                pr_set_pdeathsig = 1
-                ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    return setup
-
-
-def may_die_with_parent() -> bool:
-    """Whether a child started from this thread may be tied to this process's life
-    (PR_SET_PDEATHSIG follows the thread that started it: only the main thread's)."""
-    return sys.platform.startswith("linux") and (
-        threading.current_thread() is threading.main_thread()
-    )
-
-
-def spawn_logged(
-    name: str,
-    argv: list[str],
-    log_path: Path,
-    cwd: Path,
-    die_with_parent: bool,
-    env: Mapping[str, str] | None = None,
-) -> _Process:
-    """`argv` started in its own process group (`_child_setup`), its output appended to
-    `log_path` after a line naming the command."""
-    log_file = log_path.open("ab")
-    log_file.write(f"# {' '.join(argv)}\n".encode())
-    log_file.flush()
-    popen = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        env=None if env is None else dict(env),
-        preexec_fn=_child_setup(die_with_parent),
-    )
-    return _Process(name, popen, log_path, log_file)
-
-
-@dataclass
-class _Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def failure(self, what: str) -> ControlPlaneError:
-        code = self.popen.poll()
-        state = "still running" if code is None else f"exit code {code}"
-        return ControlPlaneError(
-            f"{self.name} {what} ({state}); last lines of {self.log_path}:\n"
-            f"{_log_tail(self.log_path)}"
-        )
-
-    def terminate(self, grace: float) -> None:
-        pid = self.popen.pid
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=grace)
-        # Whatever is left in the group (the leader or anything it started) gets SIGKILL.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=grace)
-        self.log_file.close()
+def _failure(proc: LoggedProcess, what: str) -> ControlPlaneError:
+    return ControlPlaneError(proc.failure_message(what))
 
 
 class ControlPlane(Started):
@@ -248,7 +157,7 @@ class ControlPlane(Started):
             system:masters), kubelets' serving certificates checked against the CA, and
             their InternalIP preferred over the node's name (which nothing resolves);
             and the API server bound to and advertised on a private address of the
-            host that pods reach (`host`; `real_network.claim_host_address`), not
+            host that pods reach (`host`; `host.claim_host_address`), not
             127.0.0.1. Off by default: the other tests' control planes stay as they were.
     """
 
@@ -278,7 +187,7 @@ class ControlPlane(Started):
         if keep_data is None:
             keep_data = os.environ.get("DEDUP_KUBE_KEEP_DATA", "") not in ("", "0")
         self.keep_data = keep_data
-        self._processes: list[_Process] = []
+        self._processes: list[LoggedProcess] = []
         self._token = secrets.token_hex(16)
         self._apiserver_port = 0
         self._etcd_port = 0
@@ -485,8 +394,6 @@ class ControlPlane(Started):
     def _claim_host_address(self) -> None:
         """With `kubelets`: the private address pods reach (see `host`)."""
         if self.kubelets and self._host_address is None:
-            from .real_network import claim_host_address
-
             self._host_address = claim_host_address()
             self._host = self._host_address.address
 
@@ -649,7 +556,7 @@ class ControlPlane(Started):
         path.chmod(0o600)
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, name: str, argv: list[str]) -> _Process:
+    def _spawn(self, name: str, argv: list[str]) -> LoggedProcess:
         proc = spawn_logged(name, argv, self.log_path(name), self.data_dir, self._die_with_parent)
         self._processes.append(proc)
         return proc
@@ -665,17 +572,17 @@ class ControlPlane(Started):
                     raise
                 self._processes.pop().terminate(grace=5.0)
 
-    def _wait(self, proc: _Process, ready: Callable[[], bool], what: str) -> None:
+    def _wait(self, proc: LoggedProcess, ready: Callable[[], bool], what: str) -> None:
         # start_timeout on an idle machine; a busy one waits longer (dedup_local.patience)
         patience = PatientDeadline(self.start_timeout)
         delay = 0.02
         while True:
             if not proc.alive():
-                raise proc.failure("exited while starting")
+                raise _failure(proc, "exited while starting")
             if ready():
                 return
             if patience.expired():
-                raise proc.failure(f"did not become {what} within {patience.describe()}")
+                raise _failure(proc, f"did not become {what} within {patience.describe()}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
 
@@ -851,7 +758,7 @@ class ControlPlane(Started):
         self._wait(kcm, has_default_sa, "working (no default ServiceAccount)")
         for proc in self._processes:
             if not proc.alive():
-                raise proc.failure("exited while starting")
+                raise _failure(proc, "exited while starting")
 
 
 def main() -> None:

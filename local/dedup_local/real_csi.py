@@ -38,11 +38,12 @@ from typing import Any
 
 import yaml
 
-from .control_plane import ControlPlane, _log_tail, _Process, may_die_with_parent, spawn_logged
+from .control_plane import ControlPlane
+from .host import LoggedProcess, log_tail, may_die_with_parent, process_identity, spawn_logged
 from .lifecycle import Started
 from .paths import MissingArtifact, cache_dir
 from .patience import PatientDeadline
-from .real_node import UNIX_SOCKET_MAX, RealNode, _process_identity
+from .real_node import UNIX_SOCKET_MAX, RealNode
 
 SETUP_HINT = "run: make setup-csi"
 DRIVER = "disk.dedup.local"
@@ -76,24 +77,24 @@ def reap_stale_controllers() -> list[str]:
     for directory in sorted(run.iterdir()) if run.exists() else []:
         with contextlib.suppress(OSError):
             owner = (directory / "owner").read_text().strip()
-            if owner and _process_identity(int(owner.split()[0])) != owner:
+            if owner and process_identity(int(owner.split()[0])) != owner:
                 shutil.rmtree(directory, ignore_errors=True)
                 stale.append(directory.name)
     return stale
 
 
-def _spawn(name: str, argv: list[str], log_path: Path, cwd: Path) -> _Process:
+def _spawn(name: str, argv: list[str], log_path: Path, cwd: Path) -> LoggedProcess:
     return spawn_logged(name, argv, log_path, cwd, may_die_with_parent())
 
 
-def _wait(proc: _Process, ready: Callable[[], bool], what: str, timeout: float) -> None:
+def _wait(proc: LoggedProcess, ready: Callable[[], bool], what: str, timeout: float) -> None:
     patience = PatientDeadline(timeout)  # a busy machine waits longer
     while not ready():
         if not proc.alive():
-            raise CsiError(f"{proc.name} exited before {what}:\n{_log_tail(proc.log_path)}")
+            raise CsiError(f"{proc.name} exited before {what}:\n{log_tail(proc.log_path)}")
         if patience.expired():
             raise CsiError(f"{proc.name}: not {what} after {patience.describe()}:\n"
-                           f"{_log_tail(proc.log_path)}")  # fmt: skip
+                           f"{log_tail(proc.log_path)}")  # fmt: skip
         time.sleep(0.1)
 
 
@@ -109,7 +110,7 @@ class CsiController(Started):
         self.keep_data = keep_data
         self.name = f"csi-{uuid.uuid4().hex[:6]}"
         self._dir: Path | None = None
-        self._processes: list[_Process] = []
+        self._processes: list[LoggedProcess] = []
         self._atexit_registered = False
 
     @property
@@ -158,7 +159,7 @@ class CsiController(Started):
         reap_stale_controllers()
         self._dir = csi_dir() / "run" / self.name
         self._dir.mkdir(parents=True)
-        (self._dir / "owner").write_text(_process_identity(os.getpid()) + "\n")
+        (self._dir / "owner").write_text(process_identity(os.getpid()) + "\n")
         (self._dir / "logs").mkdir()
         self.disks_dir.mkdir()
         if not self._atexit_registered:
@@ -188,7 +189,7 @@ class CsiController(Started):
             _wait(driver, both_connected, "asked by both sidecars", self.start_timeout)
             for proc in self._processes:
                 if not proc.alive():
-                    raise CsiError(f"{proc.name} exited:\n{_log_tail(proc.log_path)}")
+                    raise CsiError(f"{proc.name} exited:\n{log_tail(proc.log_path)}")
         except BaseException:
             self.stop()
             raise
@@ -215,7 +216,7 @@ class CsiController(Started):
         plugin.wait_registered(timeout)
         return plugin
 
-    def _start(self, name: str, argv: list[str]) -> _Process:
+    def _start(self, name: str, argv: list[str]) -> LoggedProcess:
         proc = _spawn(name, argv, self.log_path(name), self.data_dir)
         self._processes.append(proc)
         return proc
@@ -285,7 +286,7 @@ class CsiNodePlugin:
     def __init__(self, controller: CsiController, node: RealNode) -> None:
         self.controller = controller
         self.node = node
-        self._proc: _Process | None = None
+        self._proc: LoggedProcess | None = None
 
     @property
     def socket(self) -> Path:
@@ -376,7 +377,7 @@ class CsiNodePlugin:
                 log = self.node.log_path("csi-disk")
                 raise CsiError(
                     f"node {self.node.name}: the kubelet did not register {DRIVER} within "
-                    f"{patience.describe()}; {log}:\n{_log_tail(log)}\nkubelet:\n"
-                    f"{_log_tail(self.node.log_path('kubelet'), 20)}"
+                    f"{patience.describe()}; {log}:\n{log_tail(log)}\nkubelet:\n"
+                    f"{log_tail(self.node.log_path('kubelet'), 20)}"
                 )
             time.sleep(0.2)

@@ -1,13 +1,9 @@
 """Networking pods on real nodes can use (issue 28, second stage; docs/development.md,
 "Real nodes": the address choice and why, and what stays on the host).
 
-- `claim_host_address()`: a private address on an interface of its own, `dedupapiN`
-  (`10.200.N.1/32`, a /24 slot of the nodes' pool taken under their machine-wide lock; a
-  bridge without ports, as this machine's kernel has no `dummy` driver).
-  `ControlPlane(kubelets=True)` binds and advertises its API server there, and a
-  `KafkaBroker(host=...)` listens there: pods reach it through their bridge gateway, the
-  host's own processes as a local address. 127.0.0.0/8 is no candidate: a packet from a
-  pod's network namespace to a loopback address is dropped as a martian.
+- The address pods reach the host at, `claim_host_address()` (`dedupapiN`,
+  `10.200.N.1/32`, from the nodes' subnet pool), is in `dedup_local.host`, which the
+  control plane claims it from.
 - `HostProxy`: the host's one kube-proxy (iptables mode) for one control plane's real
   nodes, so a pod reaches the API server at the service IP with its projected token. Two
   kube-proxies on one host write the same KUBE-* chains, whatever their service CIDRs, so
@@ -28,42 +24,34 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 
-from .control_plane import (
-    KUBERNETES_SERVICE_IP,
-    _log_tail,
-    _Process,
-    kube_binaries,
+from .control_plane import KUBERNETES_SERVICE_IP, kube_binaries
+from .host import (
+    SYSTEM_PATH,
+    LoggedProcess,
+    RealNodeError,
+    log_tail,
     may_die_with_parent,
+    nodes_dir,
+    process_identity,
+    run_command,
     spawn_logged,
+    system_tool,
 )
 from .lifecycle import Started
-from .paths import MissingArtifact, free_port
-from .real_node import (
-    SUBNETS,
-    RealNodeError,
-    _machine_lock,
-    _process_identity,
-    _run,
-    _used_subnets,
-    nodes_dir,
-)
+from .paths import free_port
 
 if TYPE_CHECKING:
     from .control_plane import ControlPlane
     from .real_node import RealNode
 
-ADDRESS_PREFIX = "dedupapi"  # the address interfaces' names: dedupapiN for 10.200.N.1
-SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Chains a kubelet makes (makeIPTablesUtilChains; ours do not): not a sign of another
 # kube-proxy. kube-proxy makes KUBE-FIREWALL too (with jumps from INPUT and OUTPUT), and
 # its --cleanup leaves it as the kubelet's: `HostProxy` removes it if it was not there.
@@ -73,82 +61,6 @@ TABLES = {"ip4": "iptables", "ip6": "ip6tables"}
 KLOG_ERROR = re.compile(r"^[EF]\d{4} ", re.MULTILINE)
 
 
-def _tool(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=SYSTEM_PATH)
-    if not found:
-        raise MissingArtifact(f"{name} not found (real nodes' networking); run: make setup-nodes")
-    return found
-
-
-# --------------------------------------------------------------------- the address
-@dataclass
-class HostAddress:
-    """A private address of this host on an interface of its own (see the module
-    docstring); `release()` deletes the interface."""
-
-    address: str
-    interface: str
-
-    def release(self) -> None:
-        with _machine_lock("subnets"):
-            _delete_address(self.interface)
-
-
-def _address_records() -> Path:
-    return nodes_dir() / "addresses"
-
-
-def _delete_address(interface: str) -> None:
-    if Path(f"/sys/class/net/{interface}").exists():
-        _run([_tool("ip"), "link", "del", interface], check=False)
-    (_address_records() / interface).unlink(missing_ok=True)
-
-
-def reap_stale_addresses() -> list[str]:
-    """Delete the address interfaces whose claiming process died without releasing them
-    (its API server and broker died with it); returns their names. Call under the
-    "subnets" lock."""
-    records = _address_records()
-    stale = []
-    for record in sorted(records.iterdir()) if records.exists() else []:
-        with contextlib.suppress(OSError):
-            owner = record.read_text().strip()
-            if _process_identity(int(owner.split()[0])) != owner:
-                _delete_address(record.name)
-                stale.append(record.name)
-    return stale
-
-
-def claim_host_address() -> HostAddress:
-    """An interface `dedupapiN` (a bridge without ports: a `dummy` needs a kernel
-    module this machine lacks) with `10.200.N.1/32`, on a /24 slot that no host address
-    or route uses, taken from the top of the pool (nodes' bridges take theirs from the
-    bottom) under the nodes' subnet lock."""
-    ip = _tool("ip")
-    with _machine_lock("subnets"):
-        reap_stale_addresses()
-        used = _used_subnets(Path(ip))
-        free = [
-            n
-            for n in range(254, 0, -1)
-            if n not in used and not Path(f"/sys/class/net/{ADDRESS_PREFIX}{n}").exists()
-        ]
-        if not free:
-            raise RealNodeError(f"no free /24 left in {SUBNETS} for a host address")
-        n = free[0]
-        claimed = HostAddress(f"10.200.{n}.1", f"{ADDRESS_PREFIX}{n}")
-        _address_records().mkdir(parents=True, exist_ok=True)
-        (_address_records() / claimed.interface).write_text(_process_identity(os.getpid()) + "\n")
-        try:
-            _run([ip, "link", "add", claimed.interface, "type", "bridge"])
-            _run([ip, "addr", "add", f"{claimed.address}/32", "dev", claimed.interface])
-            _run([ip, "link", "set", claimed.interface, "up"])
-        except BaseException:
-            _delete_address(claimed.interface)
-            raise
-    return claimed
-
-
 # --------------------------------------------------------------------- host state
 def iptables_kube_chains() -> list[str]:
     """Every KUBE-* chain in the host's iptables (IPv4 and IPv6, every table), as
@@ -156,7 +68,7 @@ def iptables_kube_chains() -> list[str]:
     found = []
     for family, save in SAVE.items():
         result = subprocess.run(
-            [_tool(save)], capture_output=True, text=True, timeout=60, check=False
+            [system_tool(save)], capture_output=True, text=True, timeout=60, check=False
         )
         table = "?"
         for line in result.stdout.splitlines():
@@ -176,7 +88,7 @@ def _remove_firewall_chain(family: str) -> None:
     """kube-proxy's empty copy of the kubelet's KUBE-FIREWALL and its jumps (it makes
     them at start whatever its settings, and --cleanup leaves them): `-X` refuses a
     chain that holds rules, so one that someone filled since is left."""
-    iptables = _tool(TABLES[family])
+    iptables = system_tool(TABLES[family])
     for parent in ("INPUT", "OUTPUT"):
         for _ in range(10):  # one jump each, unless made more than once
             rule = [iptables, "-t", "filter", "-D", parent, "-j", "KUBE-FIREWALL"]
@@ -192,7 +104,11 @@ def _foreign_state() -> list[str]:
     --cleanup (IPVS services, the kube-ipvs0 device) that this project never makes."""
     found = []
     result = subprocess.run(
-        [_tool("nft"), "list", "tables"], capture_output=True, text=True, timeout=60, check=False
+        [system_tool("nft"), "list", "tables"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     found += [line for line in result.stdout.splitlines() if line.endswith(" kube-proxy")]
     with contextlib.suppress(OSError):
@@ -228,7 +144,7 @@ class HostProxy(Started):
         self.lock_timeout = lock_timeout
         self.start_timeout = start_timeout
         self._lock: IO[str] | None = None
-        self._proc: _Process | None = None
+        self._proc: LoggedProcess | None = None
         self._healthz_port = 0
         self._atexit_registered = False
         self.chains_after_stop: list[str] = []
@@ -268,7 +184,7 @@ class HostProxy(Started):
         binaries = kube_binaries()
         binaries.require("kube-proxy")
         for name in ("iptables", "iptables-save", "iptables-restore", "ip6tables-save", "nft"):
-            _tool(name)
+            system_tool(name)
         t0 = time.monotonic()
         self._take_lock()
         if not self._atexit_registered:
@@ -277,7 +193,7 @@ class HostProxy(Started):
         try:
             self._clean_or_refuse()
             owner = {
-                "owner": _process_identity(os.getpid()),
+                "owner": process_identity(os.getpid()),
                 "server": self.control_plane.server,
                 "kubelet_chains_before": [
                     c for c in iptables_kube_chains() if c.split()[2] in KUBELET_CHAINS
@@ -447,19 +363,21 @@ class HostProxy(Started):
             if not proc.alive():
                 raise RealNodeError(
                     f"kube-proxy exited while starting (exit code {proc.popen.poll()}); "
-                    f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
+                    f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
                 )
             with contextlib.suppress(OSError, ValueError):
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     healthy = resp.status == 200
-                rules = _run([_tool("iptables"), "-t", "nat", "-S", "KUBE-SERVICES"], check=False)
+                rules = run_command(
+                    [system_tool("iptables"), "-t", "nat", "-S", "KUBE-SERVICES"], check=False
+                )
                 if healthy and "default/kubernetes:https cluster IP" in rules:
                     return
             if time.monotonic() > deadline:
                 raise RealNodeError(
                     f"kube-proxy made no rules for the API server's service within "
                     f"{self.start_timeout:.0f}s; last lines of {self.log_path}:\n"
-                    f"{_log_tail(self.log_path)}"
+                    f"{log_tail(self.log_path)}"
                 )
             time.sleep(0.2)
 
@@ -483,7 +401,7 @@ class PodsCutOffTheApi:
         self.pids: list[int] = []
 
     def _iptables(self, pid: int, op: str, rule: list[str], check: bool = True) -> None:
-        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", _tool("iptables"), "-w", op, "OUTPUT"]
+        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", system_tool("iptables"), "-w", op, "OUTPUT"]
         result = subprocess.run(
             [*cmd, *rule], capture_output=True, text=True, timeout=30, check=False
         )

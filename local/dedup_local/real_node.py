@@ -35,27 +35,32 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
-from .control_plane import (
-    ControlPlane,
-    _log_tail,
-    _Process,
-    kube_binaries,
+from .control_plane import ControlPlane, kube_binaries
+from .host import (
+    SUBNETS,
+    LoggedProcess,
+    RealNodeError,
+    log_tail,
+    machine_lock,
     may_die_with_parent,
+    nodes_dir,
+    process_identity,
+    run_command,
     spawn_logged,
+    used_subnets,
 )
 from .lifecycle import Started
-from .paths import MissingArtifact, cache_dir, free_port
+from .paths import MissingArtifact, free_port
 from .patience import PatientDeadline
 
 SETUP_HINT = "run: make setup-kube setup-nodes"
 UNIX_SOCKET_MAX = 107  # bytes of a unix socket's path (sun_path, less its terminating NUL)
-SUBNETS = ipaddress.IPv4Network("10.200.0.0/16")  # one /24 per node: 10.200.N.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 KERNEL_TUNABLES = (
     "vm/overcommit_memory",
@@ -103,16 +108,6 @@ class NodePlugin(Protocol):
     def kill(self) -> None: ...
 
     def stop(self) -> None: ...
-
-
-class RealNodeError(RuntimeError):
-    """A node's part failed to start or to become ready; the message has its log tail."""
-
-
-def nodes_dir() -> Path:
-    """Where `scripts/setup-nodes.sh` caches crictl and the pause image, and where the
-    nodes' directories live (`run/`)."""
-    return cache_dir() / "nodes"
 
 
 def pause_image() -> tuple[str, Path]:
@@ -167,42 +162,6 @@ def project_image_archive(ref: str | None = None) -> Path:
 
 
 # --------------------------------------------------------------------- host helpers
-@contextlib.contextmanager
-def _machine_lock(name: str) -> Iterator[None]:
-    path = nodes_dir() / f".{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _run(argv: Sequence[str], timeout: float = 60, check: bool = True) -> str:
-    result = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check and result.returncode != 0:
-        raise RealNodeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr}")
-    return result.stdout
-
-
-def _used_subnets(ip: Path) -> set[int]:
-    """The third octets N of 10.200.N.0/24 that an address or route of the host touches.
-    A route wider than 10.200.0.0/16 (say 10.0.0.0/8 to a gateway) is no conflict: a
-    node's /24 on its bridge is more specific."""
-    used: set[int] = set()
-    text = _run([str(ip), "-4", "-o", "addr", "show"]) + _run(
-        [str(ip), "-4", "route", "show", "table", "all"]
-    )
-    for word in text.split():
-        with contextlib.suppress(ValueError):
-            net = ipaddress.ip_network(word, strict=False)
-            if isinstance(net, ipaddress.IPv4Network) and net.subnet_of(SUBNETS):
-                first = int(net.network_address.packed[2])
-                last = int(net.broadcast_address.packed[2])
-                used.update(range(first, last + 1))
-    return used
-
-
 def _processes() -> dict[int, tuple[int, list[str]]]:
     """pid -> (parent pid, argv) of every process on the host."""
     found: dict[int, tuple[int, list[str]]] = {}
@@ -250,15 +209,6 @@ def _shim_pids(socket: Path, table: Mapping[int, tuple[int, list[str]]]) -> set[
     }
 
 
-def _process_identity(pid: int) -> str:
-    """ "PID STARTTIME": a process, told apart from a later one with the same pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return f"{pid} gone"
-    return f"{pid} {stat.rsplit(')', 1)[1].split()[19]}"
-
-
 def _live_node_dirs() -> list[Path]:
     """The node directories whose owning process still runs."""
     run = nodes_dir() / "run"
@@ -268,7 +218,7 @@ def _live_node_dirs() -> list[Path]:
             owner = (directory / "owner").read_text().strip()
         except OSError:
             owner = ""
-        if not owner or _process_identity(int(owner.split()[0])) == owner:
+        if not owner or process_identity(int(owner.split()[0])) == owner:
             live.append(directory)  # no owner yet: being made
     return live
 
@@ -307,7 +257,7 @@ def _clean_up(directory: Path) -> None:
         bridge = (directory / "bridge").read_text().strip()
         if bridge.startswith("dedupbr") and Path(f"/sys/class/net/{bridge}").exists():
             ip = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
-            _run([ip, "link", "del", bridge], check=False)
+            run_command([ip, "link", "del", bridge], check=False)
 
 
 def reap_stale_nodes() -> list[str]:
@@ -332,7 +282,7 @@ def _kernel_tunables() -> dict[str, str]:
 def restore_kernel_tunables(stopping: Path | None = None) -> None:
     """Put back the kernel tunables the machine had before the first node's kubelet set
     them, once no node runs on it but the one `stopping` (its directory)."""
-    with _machine_lock("tunables"):
+    with machine_lock("tunables"):
         saved = nodes_dir() / "kernel-tunables.json"
         if not saved.exists():
             return
@@ -382,8 +332,8 @@ class RealNode(Started):
         self._subnet = 0
         self._kubelet_port = 0
         self._healthz_port = 0
-        self._containerd: _Process | None = None
-        self._kubelet: _Process | None = None
+        self._containerd: LoggedProcess | None = None
+        self._kubelet: LoggedProcess | None = None
         self._plugins: list[NodePlugin] = []
         self._partitioned = False
         self._atexit_registered = False
@@ -462,7 +412,7 @@ class RealNode(Started):
         if self._dir.exists():
             raise RealNodeError(f"{self._dir} exists: is a node named {self.name} running?")
         self._dir.mkdir()
-        (self._dir / "owner").write_text(_process_identity(os.getpid()) + "\n")
+        (self._dir / "owner").write_text(process_identity(os.getpid()) + "\n")
         (self._dir / "name").write_text(self.name + "\n")
         (self._dir / "logs").mkdir()
         if not self._atexit_registered:
@@ -669,8 +619,8 @@ class RealNode(Started):
         Docker fixes docker0's address the same way; the CNI bridge plugin does for the
         bridges it makes itself."""
         ip = str(self._tools["ip"])
-        with _machine_lock("subnets"):
-            used = _used_subnets(self._tools["ip"])
+        with machine_lock("subnets"):
+            used = used_subnets(self._tools["ip"])
             free = [
                 n
                 for n in range(1, 255)
@@ -679,10 +629,10 @@ class RealNode(Started):
             if not free:
                 raise RealNodeError(f"no free /24 left in {SUBNETS} for a node bridge")
             self._subnet = free[0]
-            _run([ip, "link", "add", "name", self.bridge, "type", "bridge"])
-            _run([ip, "link", "set", self.bridge, "address", self.bridge_mac])
-            _run([ip, "addr", "add", f"{self.node_ip}/24", "dev", self.bridge])
-            _run([ip, "link", "set", self.bridge, "up"])
+            run_command([ip, "link", "add", "name", self.bridge, "type", "bridge"])
+            run_command([ip, "link", "set", self.bridge, "address", self.bridge_mac])
+            run_command([ip, "addr", "add", f"{self.node_ip}/24", "dev", self.bridge])
+            run_command([ip, "link", "set", self.bridge, "up"])
         (self.data_dir / "bridge").write_text(self.bridge + "\n")
 
     def _write_credentials(self) -> None:
@@ -821,19 +771,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         (d / "crictl.yaml").write_text(yaml.safe_dump(crictl, sort_keys=False))
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, name: str, argv: list[str]) -> _Process:
+    def _spawn(self, name: str, argv: list[str]) -> LoggedProcess:
         path = f"{self._tools['runc'].parent}:/usr/sbin:/usr/bin:/sbin:/bin"
         env = {**os.environ, "PATH": path}
         return spawn_logged(
             name, argv, self.log_path(name), self.data_dir, self._die_with_parent, env
         )
 
-    def _failure(self, proc: _Process, what: str) -> RealNodeError:
+    def _failure(self, proc: LoggedProcess, what: str) -> RealNodeError:
         code = proc.popen.poll()
         state = "running" if code is None else f"exit code {code}"
         return RealNodeError(
             f"node {self.name}: {proc.name} {what} ({state}); last lines of {proc.log_path}:\n"
-            f"{_log_tail(proc.log_path)}"
+            f"{log_tail(proc.log_path)}"
         )
 
     def _start_containerd(self) -> None:
@@ -876,7 +826,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
         self._wait(self._kubelet, healthy, "healthy (/healthz)")
 
-    def _wait(self, proc: _Process, ready: Callable[[], bool], what: str) -> None:
+    def _wait(self, proc: LoggedProcess, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.start_timeout
         delay = 0.05
         while True:
@@ -903,7 +853,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         ]
         for tag in tags:
             if names:
-                _run([*ctr, "images", "tag", "--force", names[0], tag])
+                run_command([*ctr, "images", "tag", "--force", names[0], tag])
 
     def _crictl(self, *args: str, timeout: float = 60, check: bool = True) -> str:
         argv = [
@@ -926,7 +876,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _save_kernel_tunables(self) -> None:
         """Before the kubelet sets them: the values the machine had, kept once for all
         nodes on it (restored when the last one stops)."""
-        with _machine_lock("tunables"):
+        with machine_lock("tunables"):
             saved = nodes_dir() / "kernel-tunables.json"
             if not saved.exists():
                 saved.write_text(json.dumps(_kernel_tunables()))

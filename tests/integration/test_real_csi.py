@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from dedup_local.control_plane import ControlPlane, _log_tail
+from dedup_local.control_plane import ControlPlane
+from dedup_local.host import log_tail
 from dedup_local.image import built_ref
 from dedup_local.real_csi import DRIVER, STORAGE_CLASS, CsiController, CsiNodePlugin
 from dedup_local.real_node import RealNode, project_image_archive
@@ -263,8 +264,8 @@ def test_disk_attaches_to_one_node_and_moves(csi_cluster: CsiCluster) -> None:
         f"reader: {read!r}\ndisk record: {cluster.csi.disks()[disk]}\n"
         f"disk data: {sorted(p.name for p in (cluster.csi.disks_dir / disk).rglob('*'))}\n"
         f"mounts on {second.name}: {cluster.plugins[second.name].mounts()}\n"
-        f"csi-disk on {second.name}:\n{_log_tail(second.log_path('csi-disk'), 60)}\n"
-        f"kubelet on {second.name}:\n{_log_tail(second.log_path('kubelet'), 60)}"
+        f"csi-disk on {second.name}:\n{log_tail(second.log_path('csi-disk'), 60)}\n"
+        f"kubelet on {second.name}:\n{log_tail(second.log_path('kubelet'), 60)}"
     )
     cp.kubectl("exec", "reader", "--", "sh", "-c", "echo before-the-kill > /data/second")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -161,6 +161,206 @@ def test_no_two_modules_share_a_name() -> None:
         if len(paths) > 1 and name not in SHARED_BASENAMES
     }
     assert shared == {}, f"modules sharing a file name: {shared}"
+
+
+# ------------------------------------------- no import cycle, no other module's private name
+def known_modules() -> dict[str, Path]:
+    """Every module of ours by dotted name, packages (their `__init__.py`) included."""
+    return {module: path for package in PACKAGES for module, path in modules(package)}
+
+
+def extension_modules() -> frozenset[str]:
+    """The compiled modules of ours (pyproject's ext-modules), e.g. dedup_contract._murmur2."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return frozenset(str(e["name"]) for e in setuptools.get("ext-modules", []))
+
+
+def from_module(node: ast.ImportFrom, module: str, path: Path) -> str:
+    """The dotted module a `from ... import` names (relative ones resolved as `imported`)."""
+    if not node.level:
+        return node.module or ""
+    base = (module if path.name == "__init__.py" else module.rpartition(".")[0]).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imported_modules(module: str, path: Path, known: Collection[str]) -> Iterator[tuple[int, str]]:
+    """(line, module) for every import in `path` of a module in `known`: every import
+    counts, as in `imported`, and `from package import name` names the submodule
+    package.name where there is one (else package)."""
+    told: set[tuple[int, str]] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            name = from_module(node, module, path)
+            told.add((node.lineno, name))
+            targets = {
+                f"{name}.{a.name}" if f"{name}.{a.name}" in known else name for a in node.names
+            }
+            for target in sorted(targets & set(known)):
+                yield node.lineno, target
+    for line, name in imported(module, path):  # `import x`, importlib calls
+        if name in known and (line, name) not in told:
+            yield line, name
+
+
+def import_cycles(graph: Mapping[str, Collection[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle_among_the_modules_of_a_package(package: str) -> None:
+    """A cycle is kept from failing only by the order of imports (or an import moved into
+    a function): what two modules share belongs in a third that both import."""
+    own = dict(modules(package))
+    lines: dict[tuple[str, str], int] = {}
+    for module, path in own.items():
+        for line, target in imported_modules(module, path, own):
+            if target != module:
+                lines.setdefault((module, target), line)
+    graph: dict[str, set[str]] = {m: set() for m in own}
+    for module, target in lines:
+        graph[module].add(target)
+    cycles = import_cycles(graph)
+    told = [
+        f"{own[a].relative_to(ROOT)}:{lines[a, b]} imports {b}"
+        for cycle in cycles
+        for a in cycle
+        for b in sorted(graph[a] & set(cycle))
+    ]
+    assert cycles == [], f"import cycles in {package}: {cycles}\n" + "\n".join(told)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_names_used(
+    module: str, path: Path, known: Collection[str], compiled: Collection[str]
+) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of every private name of another module that `path` imports
+    (`from x import _name`, `import x._name`) or reads (`x._name`, `a.x._name`). A private
+    *module* (`_murmur2`, a `_name.py`) is private to its package: its package's own
+    modules may import it."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    ours = {*known, *compiled}
+
+    def allowed(dotted: str) -> bool:
+        """`dotted` is a private module of the importer's own package (or below it)."""
+        parent = dotted.rpartition(".")[0]
+        return dotted in ours and (package == parent or package.startswith(parent + "."))
+
+    bound: dict[str, str] = {}  # local name -> the module of ours it is bound to
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            name = from_module(node, module, path)
+            if name.split(".")[0] not in OURS:
+                continue
+            for alias in node.names:
+                dotted = f"{name}.{alias.name}"
+                if dotted in ours:
+                    bound[alias.asname or alias.name] = dotted
+                if is_private(alias.name) and not allowed(dotted):
+                    yield node.lineno, dotted
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] not in OURS:
+                    continue
+                bound[alias.asname or parts[0]] = alias.name if alias.asname else parts[0]
+                for i, part in enumerate(parts):
+                    if is_private(part) and not allowed(".".join(parts[: i + 1])):
+                        yield node.lineno, ".".join(parts[: i + 1])
+
+    def resolved(node: ast.expr) -> str | None:
+        """The module of ours an expression (`x`, `a.x`) names, if it names one."""
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = resolved(node.value)
+            dotted = f"{base}.{node.attr}" if base else None
+            return dotted if dotted in ours else None
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            base = resolved(node.value)
+            dotted = f"{base}.{node.attr}"
+            if base is not None and base != module and not allowed(dotted):
+                yield node.lineno, dotted
+
+
+def test_no_module_uses_another_modules_private_name() -> None:
+    """A leading underscore says "this module's own": a name two modules share is public
+    (and lives where both may import it), so renaming a private one can break nothing
+    elsewhere."""
+    known = known_modules()
+    compiled = extension_modules()
+    used = [
+        f"{path.relative_to(ROOT)}:{line} uses {name}"
+        for module, path in known.items()
+        for line, name in private_names_used(module, path, known, compiled)
+    ]
+    assert used == [], "private names of other modules:\n" + "\n".join(used)
+
+
+def test_the_cycle_and_private_name_walks_see_what_they_must(tmp_path: Path) -> None:
+    pkg = tmp_path / "dedup_local"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\nfrom .b import _hidden\n")
+    (pkg / "b.py").write_text("def later():\n    from dedup_local.a import thing\n")
+    (pkg / "c.py").write_text(
+        "import dedup_local.b\nfrom dedup_local import b as bee\nfrom . import _ext\n"
+        "bee._x\ndedup_local.b._y\nbee.public\n"
+    )
+    known = {
+        "dedup_local": pkg / "__init__.py",
+        **{f"dedup_local.{m}": pkg / f"{m}.py" for m in "abc"},
+    }
+    graph = {m: {t for _, t in imported_modules(m, p, known) if t != m} for m, p in known.items()}
+    assert graph["dedup_local.a"] == {"dedup_local.b"}
+    assert import_cycles(graph) == [["dedup_local.a", "dedup_local.b"]]
+    used = {
+        m: [name for _, name in private_names_used(m, p, known, {"dedup_local._ext"})]
+        for m, p in known.items()
+    }
+    assert used["dedup_local.a"] == ["dedup_local.b._hidden"]
+    assert sorted(used["dedup_local.c"]) == ["dedup_local.b._x", "dedup_local.b._y"]
+    elsewhere = tmp_path / "probe.py"
+    elsewhere.write_text("from dedup_local import _ext\n")
+    assert [
+        n
+        for _, n in private_names_used("dedup_spark.probe", elsewhere, known, {"dedup_local._ext"})
+    ] == ["dedup_local._ext"]
 
 
 # ----------------------------------------------------------- one owner per rule's pattern
