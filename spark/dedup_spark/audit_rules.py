@@ -7,17 +7,11 @@ to its owner, which publishes it unchanged plus the `dedup.id` header). Which oc
 of an id is published first is not defined across partitions, so the audit groups by id
 across all partitions, with its own hash (`murmur2.py`, not the worker's).
 
-Input (`audit_model.py`): the input records (partition, offset, timestamp, id under the
-pipeline's rules or dead-letter reason, content digest), the output records (partition,
-offset, timestamp, id, digest), the dead letters (with the input partition and offset
-they name) and the forwarded records their owner has not consumed yet (`Forwarded`, by
-`dedup.origin`). Only input in range (`AuditRange`), committed by the pipeline and, if
-forwarded, consumed by its owner is checked; the rest is `pending`. Counted
-(`audit_result.py`): duplicates, misplaced, missing (with the `slack` of
-`dedup_contract.window`), unverifiable (`Retention`), content mismatches
-(`source.content_digest`), missing dead letters, unexpected, order violations, per
-partition and in total: each defined in docs/audit.md, "What it counts". The audit
-passes when every failure count is zero (`passed(totals, fail_on_unverifiable=...)`).
+What it reads is in `audit_model.py` (input, output, dead-letter and forwarded records,
+the range, retention, findings); only input in range, committed by the pipeline and, if
+forwarded, consumed by its owner is checked, the rest is `pending`. What it counts
+(`audit_result.py`) is defined in docs/audit.md, "What it counts"; the audit passes when
+every failure count is zero (`passed(totals, fail_on_unverifiable=...)`).
 
 Nothing here does I/O. The work is split so Spark can run it in groups: `audit_ids` (all
 records of a set of ids, across partitions: source matching in `audit_matching.py`, then
