@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dedup_contract.ownership_status import STATUS_KEY as OWNERSHIP_KEY
 from dedup_contract.timefmt import format_time
 from dedup_operator import ownership_generation as ownership_mod
-from dedup_operator.actions import RememberObjectsEnsured
+from dedup_operator.actions import PassAction, RememberObjectsEnsured
 from dedup_operator.desired import partition as desired_partition
 from dedup_operator.failover import CompleteHandover, Decision, PodView, Steady
 from dedup_operator.status_records import (
@@ -30,9 +30,22 @@ from dedup_operator.status_records import (
     WorkerCounters,
 )
 
-if TYPE_CHECKING:  # read here, never built: the observation and the plan import this module
+if TYPE_CHECKING:  # read here, never built: the observation imports this module
     from dedup_operator.observe import PipelineObservation
-    from dedup_operator.plan import Plan
+
+
+class PlannedPass(Protocol):
+    """What the status reads of a pass's plan (`plan.Plan`, which imports this module)."""
+
+    @property
+    def partitions(self) -> Mapping[int, PartitionStatus]: ...
+    @property
+    def failovers(self) -> int: ...
+    @property
+    def ownership(self) -> Mapping[str, Any] | None: ...
+    @property
+    def actions(self) -> tuple[PassAction, ...]: ...
+    def decisions(self) -> dict[int, Decision]: ...
 
 
 def merge_conditions(
@@ -203,7 +216,7 @@ def partition_status(
 
 def pipeline_status(
     obs: PipelineObservation,
-    plan: Plan,
+    plan: PlannedPass,
     counters: Mapping[int, WorkerCounters],
     tainted: Sequence[str],
     last_audit: Mapping[str, Any] | None,
@@ -263,7 +276,7 @@ def pipeline_status(
     return status
 
 
-def _objects_applied_status(obs: PipelineObservation, plan: Plan) -> str | None:
+def _objects_applied_status(obs: PipelineObservation, plan: PlannedPass) -> str | None:
     """status.objectsApplied: the digest this pass wrote its objects with, else the one
     this process did, else as recorded."""
     written = (a.applied for a in plan.actions if isinstance(a, RememberObjectsEnsured))
@@ -275,7 +288,7 @@ def _objects_applied_status(obs: PipelineObservation, plan: Plan) -> str | None:
 
 
 def _status_entries(
-    obs: PipelineObservation, plan: Plan, counters: Mapping[int, WorkerCounters]
+    obs: PipelineObservation, plan: PlannedPass, counters: Mapping[int, WorkerCounters]
 ) -> list[PartitionStatus]:
     """The plan's partitions with their workers' counters, every completion told (this
     pass has told them: plan.steps)."""
