@@ -71,7 +71,7 @@ def publish(bootstrap: str, records: int) -> None:
 
 
 def consumer_settings(bootstrap: str, group: str) -> dict[str, object]:
-    """The worker's own catch-up consumer settings (`DedupWorker._consumer_settings`)."""
+    """The worker's own catch-up consumer settings (`SourceReader.settings`, worker/dedup_worker/sources.py)."""
     return {
         "bootstrap.servers": bootstrap,
         "group.id": group,

@@ -75,7 +75,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,12 +92,16 @@ from confluent_kafka import (
 )
 from peers import kstreams_peer as kstreams
 
+from dedup_contract import worker_metrics
 from dedup_contract.ownership import owner
 from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker, produce_all
 from dedup_local.paths import cache_dir, versions
 from dedup_worker.config import WorkerConfig
-from dedup_worker.loop import BatchResult, DedupWorker
+from dedup_worker.fencing import FencingToken
+from dedup_worker.loop import DedupWorker, PublisherFactory
+from dedup_worker.metrics import WorkerMetrics
+from dedup_worker.transaction import Publisher
 
 HERE = Path(__file__).resolve().parent
 DUPLICATE_SHARE = 0.02
@@ -109,6 +113,35 @@ TARGET_KSTREAMS_RATIO = 2.0  # at the counts below, and through a repartition to
 KSTREAMS_TARGET_COUNTS = (2_000_000, 5_000_000)
 TARGET_COMMIT_P99_MS = 100.0
 TARGET_OWNERSHIP_COST = 0.97  # median (b)/(a): under ownership / without
+
+
+def timed_publisher(latencies: list[float]) -> PublisherFactory:
+    """The worker's own Publisher, telling `latencies` each commit's time (seconds)."""
+
+    def make(
+        config: WorkerConfig,
+        fencing: FencingToken,
+        metrics: WorkerMetrics,
+        group_metadata: Callable[[], object],
+    ) -> Publisher:
+        return Publisher(config, fencing, metrics, group_metadata, observe_commit=latencies.append)
+
+    return make
+
+
+def completed_counts(worker: DedupWorker) -> dict[str, int]:
+    """The records of the worker's completed batches: read from the input, received from
+    the internal topic, forwarded to it (the worker's own counters)."""
+    sample = worker.metrics.registry.get_sample_value
+    labels = {"pipeline": worker.config.pipeline, "partition": str(worker.config.partition)}
+    return {
+        name: int(sample(metric, labels) or 0)
+        for name, metric in (
+            ("input", worker_metrics.RECORDS_IN_TOTAL),
+            ("received", f"{worker_metrics.RECORDS_RECEIVED}_total"),
+            ("forwarded", worker_metrics.RECORDS_FORWARDED_TOTAL),
+        )
+    }
 
 
 def counts_text(counts: Sequence[int]) -> str:
@@ -235,15 +268,7 @@ def run_ours(
         linger_ms=20,
     )
     latencies: list[float] = []
-
-    class Timed(DedupWorker):
-        def _commit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            ok = super()._commit(*args, **kwargs)
-            latencies.append(time.perf_counter() - t)
-            return ok
-
-    worker = Timed(cfg)
+    worker = DedupWorker(cfg, publisher=timed_publisher(latencies))
     started = time.perf_counter()
     worker.start()
     ready = time.perf_counter()
@@ -641,23 +666,7 @@ def owner_child(text: str) -> int:
         workers=spec.workers,
     )
     latencies: list[float] = []
-    counts = {"input": 0, "received": 0, "forwarded": 0}
-
-    class Counted(DedupWorker):
-        def _commit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            t = time.perf_counter()
-            ok = super()._commit(*args, **kwargs)
-            latencies.append(time.perf_counter() - t)
-            return ok
-
-        def _complete(self) -> tuple[BatchResult, bool, int]:
-            batch = self._in_flight
-            done = super()._complete()
-            if batch is not None and not done[1]:
-                counts["input"] += len(batch.records) - batch.received
-                counts["received"] += batch.received
-                counts["forwarded"] += len(batch.forwards)
-            return done
+    worker = DedupWorker(cfg, publisher=timed_publisher(latencies))
 
     stop = threading.Event()
     go = threading.Event()
@@ -678,18 +687,18 @@ def owner_child(text: str) -> int:
 
     cpu_before = cpu_seconds()
     threads_before = cpu_seconds_by_thread()
-    worker = Counted(cfg)
     started = time.time()
     worker.start()
     ready = time.time()
     if spec.coordinated:
-        print(json.dumps({**counts, "ready": ready}), flush=True)
+        print(json.dumps({**completed_counts(worker), "ready": ready}), flush=True)
     go.wait()
     went = time.time()
     last = went
     while not stop.is_set():
         if worker.process_batch().consumed:
             last = time.time()
+            counts = completed_counts(worker)
             print(json.dumps(counts), flush=True)
             if not spec.coordinated and counts["input"] >= spec.input_records:
                 break
@@ -701,7 +710,7 @@ def owner_child(text: str) -> int:
     print(
         json.dumps(
             {
-                **counts,
+                **completed_counts(worker),
                 "final": True,
                 "threads_cpu_s": threads_cpu_s,
                 "started": started,

@@ -1,5 +1,7 @@
 """Did a move of test files lose a test? Compares two `pytest --collect-only -q` listings
-through a rename map (tab-separated old and new path per line, `#` comments).
+through a rename map (tab-separated, `#` comments). A row maps an old file path to its
+new one, or an old test id (`path::name[params]`) to the one or more ids (further tab-separated
+columns) that now test what it tested: a renamed or re-parametrized test.
 
     pytest --collect-only -q tests > before.txt   # at the commit before the move
     pytest --collect-only -q tests > after.txt    # after it
@@ -18,9 +20,16 @@ def test_ids(listing: Path) -> set[str]:
     return {line.strip() for line in listing.read_text().splitlines() if "::" in line}
 
 
-def renames(table: Path) -> dict[str, str]:
-    pairs = (line.split("\t") for line in table.read_text().splitlines() if line and line[0] != "#")
-    return {old: new for old, new in pairs}
+def rows(table: Path) -> list[list[str]]:
+    return [line.split("\t") for line in table.read_text().splitlines() if line and line[0] != "#"]
+
+
+def file_moves(table: Path) -> dict[str, str]:
+    return {row[0]: row[1] for row in rows(table) if "::" not in row[0]}
+
+
+def test_renames(table: Path) -> dict[str, list[str]]:
+    return {row[0]: row[1:] for row in rows(table) if "::" in row[0]}
 
 
 def renamed(test_id: str, moves: dict[str, str]) -> str:
@@ -28,17 +37,22 @@ def renamed(test_id: str, moves: dict[str, str]) -> str:
     return moves.get(path, path) + sep + rest
 
 
+def successors(test_id: str, moves: dict[str, str], tests: dict[str, list[str]]) -> list[str]:
+    """The ids in `after` that carry `test_id` on: through a test rename, else a file move."""
+    return tests.get(test_id) or [renamed(test_id, moves)]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
     before, after, table = (Path(a) for a in argv)
-    moves = renames(table)
+    moves, tests = file_moves(table), test_renames(table)
     old, new = test_ids(before), test_ids(after)
-    lost = sorted(t for t in old if renamed(t, moves) not in new)
+    lost = sorted(t for t in old if not all(s in new for s in successors(t, moves, tests)))
     for test_id in lost:
         print(f"lost: {test_id}")
-    added = len(new - {renamed(t, moves) for t in old})
+    added = len(new - {s for t in old for s in successors(t, moves, tests)})
     print(f"{len(old)} tests before, {len(new)} after ({added} new), {len(lost)} lost")
     return 1 if lost else 0
 

@@ -7,6 +7,7 @@ API (errors, 409 with a re-read), and the loop's pause and resume with fake Kafk
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,10 +19,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError
 
+from dedup_contract.batch import select_new, triage
+from dedup_contract.ids import IdSpec
 from dedup_contract.lease_clock import LeaseTiming
 from dedup_contract.window import WindowPolicy
 from dedup_worker.config import WorkerConfig
-from dedup_worker.fencing import Fenced, LeaseToken
+from dedup_worker.fencing import Fenced, FencingToken, LeaseToken
 from dedup_worker.lease import (
     Claim,
     Hold,
@@ -31,7 +34,10 @@ from dedup_worker.lease import (
     hold_state,
     next_state,
 )
-from dedup_worker.loop import DedupWorker, _Batch
+from dedup_worker.loop import DedupWorker, PublisherFactory, read_only_after
+from dedup_worker.metrics import WorkerMetrics
+from dedup_worker.routing import Source
+from dedup_worker.transaction import Batch, Publisher
 
 RUNNING, PAUSED, FENCED = WorkerState.RUNNING, WorkerState.PAUSED, WorkerState.FENCED
 ME = Claim("events-p0-e2", epoch=2, duration_s=15)
@@ -188,31 +194,61 @@ class Token:
 
 
 class FakeConsumer:
-    def __init__(self, committed: int) -> None:
+    """confluent-kafka's Consumer as the worker's reader uses it, with no broker: every
+    source asked has `committed_offset` committed; nothing is ever fetched."""
+
+    def __init__(self, committed: int, reads: str = "input") -> None:
         self.committed_offset = committed
-        self.seeks: list[int] = []
+        self.reads = reads
+        self.seeks: list[tuple[str, str, int, int]] = []
         self.consumed = 0
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[Any]:
-        return [TopicPartition(partitions[0].topic, partitions[0].partition, self.committed_offset)]
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in partitions]
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        pass
 
     def seek(self, tp: TopicPartition) -> None:
-        self.seeks.append(tp.offset)
+        self.seeks.append((self.reads, tp.topic, tp.partition, tp.offset))
 
     def consume(self, n: int, timeout: float) -> list[Any]:
         self.consumed += 1
         return []
 
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker"))
+
     def get_watermark_offsets(self, tp: TopicPartition, **kw: Any) -> tuple[int, int]:
         return 0, self.committed_offset
 
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tps[0].topic, tps[0].partition, self.committed_offset)]
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offset) for tp in tps]
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def close(self) -> None:
+        pass
 
 
 class FakeProducer:
+    """The transactional producer as the Publisher uses it: what it was asked, in order."""
+
     def __init__(self) -> None:
         self.calls: list[str] = []
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, *args: Any, **kw: Any) -> None:
+        self.calls.append("produce")
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any) -> None:
+        self.calls.append("offsets")
 
     def abort_transaction(self, timeout: float) -> None:
         self.calls.append("abort")
@@ -228,7 +264,7 @@ class FakeProducer:
         return 0
 
 
-def paused_worker(tmp_path: Path, token: Token, committed: int = 42) -> DedupWorker:
+def config(tmp_path: Path, **changes: Any) -> WorkerConfig:
     cfg = WorkerConfig(
         bootstrap_servers="127.0.0.1:1",
         input_topic="in",
@@ -238,13 +274,58 @@ def paused_worker(tmp_path: Path, token: Token, committed: int = 42) -> DedupWor
         window=WindowPolicy(duration_ms=3600_000, max_keys=None),
         pipeline="events",
     )
-    w = DedupWorker(cfg, fencing=token)
-    w.consumer = FakeConsumer(committed)  # type: ignore[assignment]
-    w.producer = FakeProducer()  # type: ignore[assignment]
-    w.store = object()  # type: ignore[assignment]  # not touched: no records
-    w._sources = [("in", 0)]  # as start() assigns them
+    return replace(cfg, **changes)
+
+
+def publisher_with(producer: FakeProducer) -> PublisherFactory:
+    def make(
+        cfg: WorkerConfig, token: FencingToken, metrics: WorkerMetrics, group: Callable[[], object]
+    ) -> Publisher:
+        return Publisher(cfg, token, metrics, group, make_producer=lambda settings: producer)  # type: ignore[arg-type,return-value]
+
+    return make
+
+
+class UntouchedStore:
+    """The store of a worker that reads no records: only closed."""
+
+    def close(self) -> None:
+        pass
+
+
+def paused_worker(
+    tmp_path: Path,
+    token: Token,
+    producer: FakeProducer | None = None,
+    consumers: list[FakeConsumer] | None = None,
+    **changes: Any,
+) -> DedupWorker:
+    """A worker as `start()` leaves it, on fake clients: producer opened, the consumers
+    made (the input's, then the internal topic's under ownership), its sources assigned
+    at their committed offsets. Its store is never touched: no records are read."""
+    made = list(consumers or [FakeConsumer(42)])
+    w = DedupWorker(
+        config(tmp_path, **changes),
+        fencing=token,
+        publisher=publisher_with(producer or FakeProducer()),
+        make_consumer=lambda settings: made.pop(0),  # type: ignore[arg-type,return-value]
+    )
+    w.publisher.open()
+    w.reader.open()
+    if w.internal is not None:
+        w.internal.open(w.reader.settings())
+        w.reader.assign([("in", 0), (w.internal.topic, 0)])
+    else:
+        w.reader.assign_all()
+    w.store = UntouchedStore()  # type: ignore[assignment]
     w.health.ready = True
     return w
+
+
+def empty_batch(spans: dict[Source, tuple[int, int]]) -> Batch:
+    """A batch of no records that read `spans` (what its commit sends as offsets)."""
+    split = triage([], IdSpec())
+    return Batch([], split, select_new(split.firsts, []), frozenset(), spans)
 
 
 def gauge(w: DedupWorker, name: str) -> float:
@@ -257,9 +338,8 @@ def test_lapsed_worker_pauses_stays_alive_and_resumes_from_the_committed_offset(
     tmp_path: Path,
 ) -> None:
     token = Token()
-    w = paused_worker(tmp_path, token)
-    consumer = w.consumer
-    assert isinstance(consumer, FakeConsumer)
+    consumer = FakeConsumer(42)
+    w = paused_worker(tmp_path, token, consumers=[consumer])
     w.process_batch()
     assert w.state is RUNNING and consumer.consumed == 1
 
@@ -276,10 +356,10 @@ def test_lapsed_worker_pauses_stays_alive_and_resumes_from_the_committed_offset(
     token.hold = Hold.HELD
     w.process_batch()
     assert w.state is RUNNING and w.health.ready and not w.health.paused
-    assert consumer.seeks == [40], "resumed from the last committed offset"
+    assert consumer.seeks == [("input", "in", 0, 40)], "resumed from the last committed offset"
     assert consumer.consumed == 2
     assert gauge(w, "dedup_paused") == 0
-    assert w.metrics.fencing_events._value.get() == 0
+    assert gauge(w, "dedup_fencing_events_total") == 0
 
 
 def test_paused_worker_that_finds_the_lease_lost_is_fenced(tmp_path: Path) -> None:
@@ -290,122 +370,126 @@ def test_paused_worker_that_finds_the_lease_lost_is_fenced(tmp_path: Path) -> No
     token.hold = Hold.LOST
     with pytest.raises(Fenced, match="taken over"):
         w.process_batch()
-    assert w.state is FENCED and w.metrics.fencing_events._value.get() == 1
+    assert w.state is FENCED and gauge(w, "dedup_fencing_events_total") == 1
     token.hold = Hold.HELD  # fenced is final, whatever the token says later
     with pytest.raises(Fenced):
         w.process_batch()
+
+
+def publisher(tmp_path: Path, token: Token, producer: FakeProducer) -> Publisher:
+    """A Publisher on a fake producer, opened (its transactions initialised)."""
+    cfg = config(tmp_path)
+    made = Publisher(
+        cfg,
+        token,
+        WorkerMetrics(cfg.pipeline, cfg.partition),
+        object,
+        make_producer=lambda settings: producer,  # type: ignore[arg-type,return-value]
+    )
+    made.open()
+    return made
 
 
 def test_commit_with_a_lapsed_hold_aborts_and_is_redone_with_a_lost_one_fences(
     tmp_path: Path,
 ) -> None:
     token = Token()
-    w = paused_worker(tmp_path, token)
-    producer = w.producer
-    assert isinstance(producer, FakeProducer)
-    batch = _Batch([], None, [], frozenset(), {})  # type: ignore[arg-type]
+    producer = FakeProducer()
+    pub = publisher(tmp_path, token, producer)
     token.hold = Hold.LAPSED
-    assert w._commit(batch) is False, "aborted: redone after the pause"
+    pub.send(empty_batch({}))
+    assert pub.in_flight is not None
+    assert pub.result() is False, "aborted: redone after the pause"
+    assert pub.in_flight is None
     # what the transaction holds is delivered before the abort (librdkafka#4849)
-    assert producer.calls == ["flush", "abort"]
-    assert w.metrics.aborts._value.get() == 1 and w.metrics.fencing_events._value.get() == 0
+    assert producer.calls == ["init", "begin", "flush", "abort"]
+    assert pub.metrics.aborts._value.get() == 1 and pub.metrics.fencing_events._value.get() == 0
     token.hold = Hold.LOST
-    with pytest.raises(Fenced):
-        w._commit(batch)
-    assert producer.calls == ["flush", "abort", "abort"] and "commit" not in producer.calls
+    pub.send(empty_batch({}))
+    with pytest.raises(Fenced, match="taken over"):
+        pub.result()
+    assert producer.calls[4:] == ["begin", "abort"] and "commit" not in producer.calls
+    assert pub.fence == "taken over" and pub.metrics.fencing_events._value.get() == 1
+    pub.close()
+
+
+def test_a_held_commit_flushes_sends_the_offsets_and_commits(tmp_path: Path) -> None:
+    producer = FakeProducer()
+    pub = publisher(tmp_path, Token(), producer)
+    pub.send(empty_batch({("in", 0): (40, 41)}))
+    assert pub.result() is True
+    assert producer.calls == ["init", "begin", "flush", "offsets", "commit"]
+    assert pub.last_commit_at is not None and pub.metrics.transactions._value.get() == 1
+    pub.close()
 
 
 def test_in_flight_batch_aborted_by_the_lapse_rewinds_the_input(tmp_path: Path) -> None:
     token = Token()
-    w = paused_worker(tmp_path, token)
-    consumer = w.consumer
-    assert isinstance(consumer, FakeConsumer)
-
-    class Record:
-        def offset(self) -> int:
-            return 40
-
-    spans = {("in", 0): (40, 41)}
-    batch = _Batch([Record()], None, [], frozenset(), spans)  # type: ignore[list-item,arg-type]
-    w._send = lambda b: None  # type: ignore[method-assign]
+    consumer = FakeConsumer(42)
+    w = paused_worker(tmp_path, token, consumers=[consumer])
     token.hold = Hold.LAPSED
-    w._in_flight = batch
-    w._commit_result = w._committer.submit(w._commit, batch)
+    w.publisher.send(empty_batch({("in", 0): (40, 41)}))  # the committer aborts it
     w.process_batch()  # pauses: completes the in-flight batch, which the committer aborted
-    assert w.state is PAUSED and w._in_flight is None
-    assert consumer.seeks == [40]
-    w._committer.shutdown()
+    assert w.state is PAUSED and w.publisher.in_flight is None
+    assert consumer.seeks == [("input", "in", 0, 40)]
+    w.close()
 
 
-def test_a_batch_aborted_by_kafka_rewinds_every_source_read_since_it_began(
+class Aborting(FakeProducer):
+    def commit_transaction(self) -> None:
+        self.calls.append("commit")
+        err = KafkaError(KafkaError.NOT_COORDINATOR, "moving", txn_requires_abort=True)
+        raise KafkaException(err)
+
+
+def test_a_batch_aborted_by_kafka_is_read_again_and_nothing_is_sent_after_it(
     tmp_path: Path,
 ) -> None:
-    """An abortable transaction error (the Lease still held): the batch is redone, and
-    so is the batch prepared meanwhile, which read a source the aborted one did not (a
-    forwarded record, under ownership). That source is rewound to where the prepared
-    batch began it; otherwise its records there would never be read again."""
-    token = Token()
-    w = paused_worker(tmp_path, token)
-    w.config = replace(w.config, owned_topic="in.owned", workers=1)
-    seeks: list[tuple[str, str, int, int]] = []
-
-    class Consumer(FakeConsumer):
-        def __init__(self, committed: int, reads: str) -> None:
-            super().__init__(committed)
-            self.reads = reads
-
-        def seek(self, tp: TopicPartition) -> None:
-            seeks.append((self.reads, tp.topic, tp.partition, tp.offset))
-
-        def consumer_group_metadata(self) -> object:
-            return object()
-
-    class Aborting(FakeProducer):
-        def send_offsets_to_transaction(self, offsets: Any, metadata: Any) -> None:
-            self.calls.append("offsets")
-
-        def commit_transaction(self) -> None:
-            self.calls.append("commit")
-            err = KafkaError(KafkaError.NOT_COORDINATOR, "moving", txn_requires_abort=True)
-            raise KafkaException(err)
-
-    w.consumer = Consumer(42, "input")  # type: ignore[assignment]
-    w.forwarded_consumer = Consumer(0, "forwarded")  # type: ignore[assignment]
-    w.producer = Aborting()  # type: ignore[assignment]
-    aborted = _Batch([], None, [], frozenset(), {("in", 0): (40, 41)})  # type: ignore[arg-type]
-    prepared = _Batch(
-        [],
-        None,  # type: ignore[arg-type]
-        [],  # type: ignore[arg-type]
-        frozenset(),
-        {("in", 0): (41, 43), ("in.owned", 0): (7, 9)},
+    """An abortable transaction error (the Lease still held): the batch is redone from
+    its first offsets, each source by the consumer that reads it, and the worker runs on."""
+    producer = Aborting()
+    consumers = [FakeConsumer(42), FakeConsumer(0, "forwarded")]
+    w = paused_worker(
+        tmp_path,
+        Token(),
+        producer,
+        consumers=list(consumers),
+        owned_topic="in.owned",
+        workers=1,
     )
-    w._prepare = lambda: prepared  # type: ignore[method-assign]
-    w._send = lambda b: pytest.fail("nothing is sent after an abort")  # type: ignore[method-assign]
-    w._in_flight = aborted
-    w._commit_result = w._committer.submit(w._commit, aborted)
+    w.publisher.send(empty_batch({("in", 0): (40, 41), ("in.owned", 0): (7, 9)}))
     w.process_batch()
-    assert w.producer.calls[-2:] == ["commit", "abort"]  # type: ignore[attr-defined]
-    assert w.state is RUNNING and w._in_flight is None
-    # the aborted batch's source from its first offset; the internal partition, which
-    # only the prepared batch read, from the prepared batch's first offset of it, each
-    # by the consumer that reads it
+    assert producer.calls[-2:] == ["commit", "abort"]
+    assert w.state is RUNNING and w.publisher.in_flight is None
+    seeks = [seek for consumer in consumers for seek in consumer.seeks]
     assert sorted(seeks) == [("forwarded", "in.owned", 0, 7), ("input", "in", 0, 40)]
-    w._committer.shutdown()
+    assert producer.calls.count("begin") == 1, "nothing is sent after an abort"
+    w.close()
+
+
+def test_a_source_only_the_prepared_batch_read_is_read_again_from_its_first_offset() -> None:
+    """The batch prepared while the aborted one committed is dropped too: a source it
+    read that the aborted batch did not (a forwarded record, under ownership) is rewound
+    to where the prepared batch began it; otherwise its records there would never be
+    read again. The aborted batch's own sources are rewound by the worker already."""
+    aborted = {("in", 0): (40, 41)}
+    prepared = {("in", 0): (41, 43), ("in.owned", 0): (7, 9)}
+    assert read_only_after(aborted, prepared) == {("in.owned", 0): (7, 9)}
+    assert read_only_after(aborted, {("in", 0): (41, 43)}) == {}
 
 
 def test_an_aborted_abort_is_a_kafka_failure_not_a_silent_pause(tmp_path: Path) -> None:
-    token = Token()
-    w = paused_worker(tmp_path, token)
-
     class Refusing(FakeProducer):
         def abort_transaction(self, timeout: float) -> None:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "abort timed out"))
 
-    w.producer = Refusing()  # type: ignore[assignment]
+    token = Token()
+    pub = publisher(tmp_path, token, Refusing())
     token.hold = Hold.LAPSED
+    pub.send(empty_batch({}))
     with pytest.raises(KafkaException):
-        w._commit(_Batch([], None, [], frozenset(), {}))  # type: ignore[arg-type]
+        pub.result()
+    pub.close()
 
 
 def test_probes_while_paused_not_ready_but_alive() -> None:

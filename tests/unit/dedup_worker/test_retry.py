@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from dedup_worker.loop import worth_retrying
+from dedup_worker.sources import worth_retrying
 
 
 @pytest.mark.parametrize(

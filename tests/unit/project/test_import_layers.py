@@ -258,6 +258,26 @@ def test_no_import_cycle_among_the_modules_of_a_package(package: str) -> None:
     assert cycles == [], f"import cycles in {package}: {cycles}\n" + "\n".join(told)
 
 
+WORKER_PARTS = ("dedup_worker.transaction", "dedup_worker.internal_topic", "dedup_worker.sources")
+"""The worker's parts under its loop (docs/design.md, "The worker in parts"): the commit
+protocol, the internal topic, what it reads."""
+
+
+@pytest.mark.parametrize("part", WORKER_PARTS)
+def test_the_worker_parts_never_import_its_loop_or_the_cli(part: str) -> None:
+    """loop.py composes the parts; a part that imported it (or the CLI above it) would
+    tie the commit protocol to the loop it serves, and a change of sources or stores
+    (the reshard, snapshots) would reach into it."""
+    own = dict(modules("dedup_worker"))
+    above = {"dedup_worker.loop", "dedup_worker.cli"}
+    found = sorted(
+        f"line {line}: {target}"
+        for line, target in imported_modules(part, own[part], own)
+        if target in above
+    )
+    assert found == [], f"{part} imports what is above it: {found}"
+
+
 def is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
