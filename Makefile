@@ -41,7 +41,7 @@ setup-image: setup-python
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/ownership.py bench/worker_throughput.py bench/restart.py bench/audit.py bench/failover.py bench/rebuild.py bench/capacity.py bench/results.py bench/operator_scale.py bench/lease_watch.py tests/support/fake_kube.py
+	@echo "== mypy"; $(VENV)/bin/mypy && $(VENV)/bin/mypy bench/store.py bench/ownership.py bench/worker_throughput.py bench/restart.py bench/audit.py bench/failover.py bench/rebuild.py bench/capacity.py bench/results.py bench/operator_scale.py bench/lease_watch.py bench/before_after.py tests/support/fake_kube.py
 
 test: setup lint
 	@bash scripts/test.sh
