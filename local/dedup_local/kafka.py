@@ -34,7 +34,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from dedup_local.paths import MissingArtifact, cache_dir, free_port, versions
 from dedup_local.patience import PatientDeadline, machine_load
@@ -408,6 +408,23 @@ class KafkaBroker:
             futures[name].result(timeout=patience.left_s())
         except KafkaException as exc:
             raise KafkaBrokerError(f"create topic {name!r}: {exc}") from exc
+        self._wait_partitions(name, partitions, patience)
+
+    def grow_topic(self, name: str, partitions: int, *, timeout_s: float = 30.0) -> None:
+        """Grow a topic to `partitions` and wait until the broker serves them all with a
+        leader: CreatePartitions returns once the controller has committed it, and a broker
+        applies the new metadata a little later (longer on a busy machine)."""
+        patience = PatientDeadline(timeout_s)  # a busy machine waits longer
+        futures = self.admin().create_partitions(
+            [NewPartitions(name, partitions)], operation_timeout=patience.left_s()
+        )
+        try:
+            futures[name].result(timeout=patience.left_s())
+        except KafkaException as exc:
+            raise KafkaBrokerError(f"grow topic {name!r} to {partitions}: {exc}") from exc
+        self._wait_partitions(name, partitions, patience)
+
+    def _wait_partitions(self, name: str, partitions: int, patience: PatientDeadline) -> None:
         while True:
             md = self.admin().list_topics(topic=name, timeout=5)
             tmd = md.topics.get(name)

@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewPartitions
 from kubernetes import client
 
 from dedup_contract import names
@@ -61,8 +60,7 @@ def test_the_input_topic_grows_under_a_running_pipeline(
         }
         assert sorted(pods) == ["grow-p0-e1", "grow-p1-e1"]
 
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        kafka.grow_topic(topic, 4)  # the producer below must see all 4
         more = [f"g-new-{i}" for i in range(500)]
         where = produce(kafka.bootstrap, topic, ((i, i, None) for i in ids + more))
         assert sum(p >= 2 for p in where.values()) > 500, "the repeats reached the new partitions"

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka.admin import NewPartitions
 
 from dedup_local.kafka import KafkaBroker
 from dedup_operator.kafka_admin import SharedAdmins, read_topics
@@ -41,7 +40,7 @@ def test_a_grown_topic_is_seen_by_the_shared_client_at_its_next_check(
     topic, out = new_topic(2), new_topic(2)
     before = read_topics(kafka.bootstrap, {}, topic, out, admins=admins)
     assert isinstance(before, TopicFacts) and before.input_partitions == 2
-    kafka.admin().create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=10)
+    kafka.grow_topic(topic, 4)  # returns once the broker serves 4 (it applies metadata late)
     after = read_topics(kafka.bootstrap, {}, topic, out, admins=admins)
     assert isinstance(after, TopicFacts) and after.input_partitions == 4
     assert admins.opened == 1

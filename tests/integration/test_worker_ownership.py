@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
 
 from dedup_contract.ids import ID_HEADER
 from dedup_local import kafka as local_kafka
@@ -140,11 +140,6 @@ def test_batches_aborted_by_kafka_are_redone_with_every_forwarded_record(
     assert pipe.worker_log_problems() == []  # an abort is a WARNING, redone
 
 
-def grow(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(30)
-
-
 def discovery_times(log: Path) -> list[float]:
     """When the workers logged finding new input partitions (epoch seconds)."""
     times = []
@@ -174,7 +169,7 @@ def test_the_input_grows_while_workers_run(kafka: Any, tmp_path: Path, grown: in
     for proc in pipe.procs.values():
         proc.send_signal(signal.SIGSTOP)
     try:
-        grow(pipe.bootstrap, pipe.input_topic, grown)
+        kafka.grow_topic(pipe.input_topic, grown)  # the producer below must see them all
         # the repeats and the new ids keyed by id, spread over all `grown` partitions
         where = produce(pipe.bootstrap, pipe.input_topic, ((i, i, None) for i in ids + more))
         produced_at = time.time()
