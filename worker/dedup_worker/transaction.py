@@ -393,13 +393,7 @@ class Publisher:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.txn_requires_abort():
                 log.warning("transaction aborted; redoing the batch", extra={"error": err.str()})
-                try:
-                    producer.abort_transaction(30)
-                except KafkaException as abort_exc:
-                    self._raise_if_fenced(abort_exc, "abort_transaction")
-                    raise
-                self.metrics.aborts.inc()
-                return False
+                return self._abort(producer, flush_s=None)
             raise
         first = self.last_commit_at is None
         self.last_commit_at = time.time()
@@ -441,11 +435,19 @@ class Publisher:
         # EndTxn with a fatal INVALID_TXN_STATE, which would stop this worker as if it
         # were fenced. Records delivered into a transaction that is then aborted are
         # never read by a read_committed consumer.
+        return self._abort(producer, flush_s=ABORT_FLUSH_S)
+
+    def _abort(self, producer: Producer, flush_s: float | None) -> bool:
+        """(Committer thread.) Abort the open transaction, delivering what it holds first
+        when `flush_s` is given; counted. False: the batch is redone. A fence met on the
+        way raises Fenced."""
         try:
-            producer.flush(ABORT_FLUSH_S)
+            if flush_s is not None:
+                producer.flush(flush_s)
             producer.abort_transaction(30)
         except KafkaException as exc:
-            self._raise_if_fenced(exc, "flush, abort_transaction")
+            what = "abort_transaction" if flush_s is None else "flush, abort_transaction"
+            self._raise_if_fenced(exc, what)
             raise
         self.metrics.aborts.inc()
         return False
