@@ -72,7 +72,7 @@ def test_every_call_the_operator_makes_is_granted() -> None:
     for group, resource, verb, scope in sorted(calls()):
         grants = namespaced if scope == "namespaced" else cluster
         if scope == "all-namespaces" and resource in WATCHED_EVERYWHERE_WITH_A:
-            # the watches over every namespace (kube._watch_pipelines) are made only
+            # the watches over every namespace (kube_watches._watch_pipelines) are made only
             # with -A (cli), where the ClusterRole carries the namespaced rows
             grants = namespaced | cluster
         if (group, resource, verb) not in grants:
