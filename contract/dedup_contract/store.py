@@ -2,8 +2,8 @@
 
 Layout (one RocksDB per worker, on its volume): column family ``default`` holds metadata
 only -- format version, owner, the applied input and output offsets, and one record per
-live generation (see ``window.Generation``); each column family ``gen-<number>`` holds
-the 16-byte id keys (``ids.id_key``) of one generation, with empty values.
+live generation; each column family ``gen-<number>`` holds the 16-byte id keys of one
+generation. The format, its records and the checks on opening are ``store_format``'s.
 
 Why generations (``bench/store.py`` at 10M ids; bench/HISTORY.md, "Why generations"):
 expiry drops a whole column family, which deletes its files: no tombstones, no scan, no
@@ -28,13 +28,11 @@ with its own lookup threads (read-only; see ``StoreConfig``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
-import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, pairwise, repeat
@@ -57,6 +55,15 @@ from rocksdict import (
     WriteOptions,
 )
 
+from dedup_contract import store_format as fmt
+from dedup_contract.store_format import (
+    FORMAT_VERSION,
+    FORMAT_VERSION_OWNED,
+    Ownership,
+    StoreError,
+    StoreOwner,
+    StoreOwnershipError,
+)
 from dedup_contract.window import Generation, WindowPolicy, generations_to_drop, place_batch
 
 log = logging.getLogger(__name__)
@@ -64,61 +71,21 @@ log = logging.getLogger(__name__)
 MiB: Final = 1 << 20
 PARALLEL_LOOKUP_MIN: Final = 1024
 """Smallest batch that ``contains_many`` splits across the lookup threads."""
-FORMAT_VERSION: Final = 1
-"""A store of a worker without ownership: its ids are those of one input partition."""
-FORMAT_VERSION_OWNED: Final = 2
-"""A store of a worker under ownership (`Ownership`): its ids are those it owns. A worker
-of a commit before ownership reads format 1 only, so it refuses such a store."""
 
-_FORMAT: Final = b"format"
-_OWNER: Final = b"owner"
-_OWNERSHIP: Final = b"ownership"
-_INPUT_OFFSET: Final = b"offset/input"
-_OUTPUT_OFFSET: Final = b"offset/output"
-_NEXT_GENERATION: Final = b"generation/next"
-_GENERATION_PREFIX: Final = b"generation/"
-_GENERATION_KEY: Final = struct.Struct(">Q")
-_GENERATION_VALUE: Final = struct.Struct(">qqqq")
-_OFFSET: Final = struct.Struct(">q")
-_CF_PREFIX: Final = "gen-"
-
-
-class StoreError(Exception):
-    """The store cannot be opened or used."""
-
-
-class StoreOwnershipError(StoreError):
-    """The store on this volume belongs to another pipeline or partition."""
-
-
-@dataclass(frozen=True)
-class StoreOwner:
-    """Who a store belongs to; recorded on first open and checked on every open."""
-
-    namespace: str
-    pipeline: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.pipeline} partition {self.partition}"
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """The ownership generation a store was written under: the number of workers the ids
-    are divided among (`dedup_contract.ownership.owner`) and how many reshards changed that
-    number (0 until resharding exists). A store of another generation holds another share
-    of the ids, so a worker refuses it."""
-
-    workers: int
-    reshards: int = 0
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.reshards < 0:
-            raise ValueError(f"invalid ownership generation {self}")
-
-    def __str__(self) -> str:
-        return f"workers={self.workers},reshards={self.reshards}"
+__all__ = [
+    "FORMAT_VERSION",
+    "FORMAT_VERSION_OWNED",
+    "PARALLEL_LOOKUP_MIN",
+    "MiB",
+    "Ownership",
+    "Store",
+    "StoreConfig",
+    "StoreError",
+    "StoreOwner",
+    "StoreOwnershipError",
+    "wipe",
+]
+"""With the format's names that the store's users import from here (`store_format`)."""
 
 
 @dataclass(frozen=True)
@@ -314,12 +281,13 @@ class Store:
         """
         self._open_db()
         pool = self._lookup_pool
+        tables = self._newest_first
         if pool is None or len(keys) < PARALLEL_LOOKUP_MIN:
-            found, absent = self._lookup(keys, batched=False)
+            found, absent = _lookup(tables, keys, batched=False)
         else:
             *others, own = _slices(keys, self._config.lookup_threads)
-            pending = [pool.submit(self._lookup, other) for other in others]
-            own_result = self._lookup(own)  # this thread takes the last slice itself
+            pending = [pool.submit(_lookup, tables, other) for other in others]
+            own_result = _lookup(tables, own)  # this thread takes the last slice itself
             found, absent = [], []
             for slice_found, slice_absent in [*(p.result() for p in pending), own_result]:
                 found += slice_found
@@ -327,47 +295,10 @@ class Store:
         self._known_absent = frozenset(absent)
         return found
 
-    def _lookup(
-        self, keys: Sequence[bytes], batched: bool = True
-    ) -> tuple[list[bool], list[bytes]]:
-        """(whether each key is in the window, the keys that are not); safe on any thread.
-
-        Generations are asked newest first (a duplicate is most likely recent), each only
-        for the keys not found yet. ``batched``: one multi-get per generation, which
-        releases the GIL (for the lookup threads); otherwise ``map(get)`` driven from C,
-        ~1.5x faster for bloom misses (~0.25 us vs ~0.4 us per key and generation) when
-        there is no second core to gain.
-        """
-        found = [False] * len(keys)
-        positions: Sequence[int] = range(len(keys))
-        pending = list(keys)
-        for table in self._newest_first:
-            if not pending:
-                break
-            values: list[bytes | None] = (
-                _multi_get(table, pending) if batched else list(map(table.get, pending))
-            )
-            hits = list(map(is_not, values, repeat(None)))
-            if not any(hits):
-                continue
-            for position in compress(positions, hits):
-                found[position] = True
-            misses = list(map(not_, hits))
-            positions = list(compress(positions, misses))
-            pending = list(compress(pending, misses))
-        return found, pending
-
     def disk_bytes(self) -> int:
         """Bytes of live SST files and write-ahead logs."""
         db = self._open_db()
-        sst = sum(int(file["size"]) for file in db.live_files())
-        wal = 0
-        with os.scandir(self._path) as entries:
-            for entry in entries:
-                if entry.name.endswith(".log"):
-                    with contextlib.suppress(FileNotFoundError):  # recycled meanwhile
-                        wal += entry.stat().st_size
-        return sst + wal
+        return sum(int(file["size"]) for file in db.live_files()) + _wal_bytes(self._path)
 
     # --- writes ----------------------------------------------------------------------
 
@@ -389,8 +320,8 @@ class Store:
         which looked them up itself), so none is looked up.
         """
         db = self._open_db()
-        _check_offset("input", input_next_offset)
-        _check_offset("output", output_next_offset)
+        fmt.check_offset("input", input_next_offset)
+        fmt.check_offset("output", output_next_offset)
         new = list(keys) if known_new else self._absent(keys)
         batch = WriteBatch(raw_mode=True)
         before = self._generations
@@ -400,9 +331,9 @@ class Store:
             if new:
                 self._place(batch, generations, created, new, timestamp_ms)
             if input_next_offset is not None:
-                batch.put(_INPUT_OFFSET, _OFFSET.pack(input_next_offset))
+                batch.put(fmt.INPUT_OFFSET_KEY, fmt.encode_offset(input_next_offset))
             if output_next_offset is not None:
-                batch.put(_OUTPUT_OFFSET, _OFFSET.pack(output_next_offset))
+                batch.put(fmt.OUTPUT_OFFSET_KEY, fmt.encode_offset(output_next_offset))
             if batch.is_empty():
                 return
             db.write(batch)
@@ -452,9 +383,9 @@ class Store:
                 map(batch.put, sorted(new[start : start + count]), repeat(b""), repeat(handle)), 0
             )
             start += count
-            batch.put(_generation_key(target.number), _encode_generation(target))
+            batch.put(fmt.generation_key(target.number), fmt.encode_generation(target))
         if created:
-            batch.put(_NEXT_GENERATION, _OFFSET.pack(self._next_generation))
+            batch.put(fmt.NEXT_GENERATION_KEY, fmt.encode_offset(self._next_generation))
 
     def expire(self, now_ms: int) -> int:
         """Enforce the window at ``now_ms``; drops whole generations. Returns ids removed."""
@@ -499,50 +430,17 @@ class Store:
     def _load(self) -> None:
         db = self._open_db()
         meta = _metadata(db)
-        recorded_format = meta.get(_FORMAT)
-        if recorded_format is None:
-            if any(
-                key.startswith(_GENERATION_PREFIX) or key.startswith(b"offset/") for key in meta
-            ):
-                raise StoreError(f"store at {self._path} has data but no format record")
-            self._initialise(db)
+        opening = fmt.opening(meta, self._path, self._ownership, switch=self._may_switch)
+        if opening is fmt.Opening.CREATE:
+            self._write(fmt.initial_records(self._owner, self._ownership))
             meta = _metadata(db)
-        elif self._may_switch and recorded_format == str(FORMAT_VERSION).encode():
-            self._switching = True
-        elif recorded_format != str(self._format).encode():
-            raise StoreError(self._refusal(recorded_format.decode(errors="replace")))
-        recorded_ownership = meta.get(_OWNERSHIP)
-        if (
-            self._ownership is not None
-            and not self._switching
-            and recorded_ownership != str(self._ownership).encode()
-        ):
-            raise StoreError(
-                f"store at {self._path} was written under ownership generation "
-                f"{(recorded_ownership or b'none').decode(errors='replace')}, this worker runs "
-                f"under {self._ownership}; its ids are another share, so it is refused"
-            )
-        recorded_owner = _decode_owner(meta.get(_OWNER), self._path)
-        if recorded_owner != self._owner:
-            raise StoreOwnershipError(
-                f"store at {self._path} belongs to {recorded_owner}, not {self._owner}; "
-                "refusing to use another partition's ids"
-            )
-        self._input_next_offset = _decode_offset(meta.get(_INPUT_OFFSET))
-        self._output_next_offset = _decode_offset(meta.get(_OUTPUT_OFFSET))
-        next_generation = _decode_offset(meta.get(_NEXT_GENERATION))
-        generations = sorted(
-            (
-                _decode_generation(key, value)
-                for key, value in meta.items()
-                if _is_generation_key(key)
-            ),
-            key=lambda generation: generation.number,
-        )
-        self._next_generation = max(
-            [next_generation or 0] + [generation.number + 1 for generation in generations]
-        )
-        self._reconcile(db, generations)
+        self._switching = opening is fmt.Opening.SWITCH
+        fmt.check_owner(meta, self._path, self._owner, self._ownership, switching=self._switching)
+        recorded = fmt.read_recorded(meta)
+        self._input_next_offset = recorded.input_next_offset
+        self._output_next_offset = recorded.output_next_offset
+        self._next_generation = recorded.next_generation
+        self._reconcile(db, recorded.generations)
 
     @property
     def switching(self) -> bool:
@@ -556,70 +454,41 @@ class Store:
         at the next start."""
         if not self._switching or self._ownership is None:
             raise StoreError(f"store at {self._path} is not being switched to ownership")
-        batch = WriteBatch(raw_mode=True)
-        batch.put(_FORMAT, str(FORMAT_VERSION_OWNED).encode())
-        batch.put(_OWNERSHIP, str(self._ownership).encode())
-        self._open_db().write(batch, self._sync)
+        self._write(fmt.switched_records(self._ownership))
         self._switching = False
 
-    @property
-    def _format(self) -> int:
-        return FORMAT_VERSION if self._ownership is None else FORMAT_VERSION_OWNED
-
-    def _refusal(self, recorded: str) -> str:
-        """Why a store of format ``recorded`` is refused by this worker."""
-        if self._ownership is None and recorded == str(FORMAT_VERSION_OWNED):
-            return (
-                f"store at {self._path} has format {recorded}: it was written under "
-                "ownership (--owned-topic), and this worker runs without it"
-            )
-        if self._ownership is not None and recorded == str(FORMAT_VERSION):
-            return (
-                f"store at {self._path} has format {recorded}: it was written before "
-                "ownership, and its ids are those of one input partition; a pipeline is "
-                "switched to ownership as a whole, never one worker at a time (dedupctl "
-                "switch-ownership; the worker then runs with --ownership-switch)"
-            )
-        return (
-            f"store at {self._path} has format {recorded}; this worker reads format {self._format}"
-        )
-
-    def _initialise(self, db: Rdict) -> None:
+    def _write(self, puts: Iterable[fmt.Record] = (), deletes: Iterable[bytes] = ()) -> None:
+        """Put and delete metadata records in one synced batch."""
         batch = WriteBatch(raw_mode=True)
-        batch.put(_FORMAT, str(self._format).encode())
-        batch.put(_OWNER, _encode_owner(self._owner))
-        if self._ownership is not None:
-            batch.put(_OWNERSHIP, str(self._ownership).encode())
-        db.write(batch, self._sync)
+        for key, value in puts:
+            batch.put(key, value)
+        for key in deletes:
+            batch.delete(key)
+        self._open_db().write(batch, self._sync)
 
-    def _reconcile(self, db: Rdict, generations: list[Generation]) -> None:
+    def _reconcile(self, db: Rdict, generations: Sequence[Generation]) -> None:
         """Match generation records and column families after a crash mid-expiry/rollover."""
-        families = {name for name in Rdict.list_cf(str(self._path)) if name.startswith(_CF_PREFIX)}
-        live = [g for g in generations if _cf_name(g.number) in families]
-        lost = [g for g in generations if _cf_name(g.number) not in families]
-        if lost:
+        found = fmt.reconcile(generations, Rdict.list_cf(str(self._path)))
+        if found.lost:
             log.warning(
                 "store %s: generations %s have records but no data; forgetting %d ids",
                 self._path,
-                [g.number for g in lost],
-                sum(g.keys for g in lost),
+                [g.number for g in found.lost],
+                sum(g.keys for g in found.lost),
             )
-            batch = WriteBatch(raw_mode=True)
-            for generation in lost:
-                batch.delete(_generation_key(generation.number))
-            db.write(batch, self._sync)
-        for name in sorted(families - {_cf_name(g.number) for g in live}):
+            self._write(deletes=[fmt.generation_key(g.number) for g in found.lost])
+        for name in found.orphans:
             log.info(
                 "store %s: dropping column family %s left by an interrupted write", self._path, name
             )
             db.drop_column_family(name)
-        for generation in live:
+        for generation in found.live:
             self._attach(generation.number)
-        self._generations = live
+        self._generations = found.live
 
     def _attach(self, number: int) -> None:
         db = self._open_db()
-        name = _cf_name(number)
+        name = fmt.family_name(number)
         self._tables[number] = db.get_column_family(name)
         self._handles[number] = db.get_column_family_handle(name)
         self._newest_first = [self._tables[n] for n in sorted(self._tables, reverse=True)]
@@ -630,7 +499,7 @@ class Store:
 
     def _create_generation(self, timestamp_ms: int) -> Generation:
         number = self._next_generation
-        self._open_db().create_column_family(_cf_name(number), self._cf_options)
+        self._open_db().create_column_family(fmt.family_name(number), self._cf_options)
         self._next_generation = number + 1
         self._attach(number)
         return Generation.opened(number, timestamp_ms)
@@ -653,13 +522,10 @@ class Store:
         self, doomed: Sequence[Generation], *, forget_offsets: bool = False
     ) -> int:
         db = self._open_db()
-        batch = WriteBatch(raw_mode=True)
-        for generation in doomed:
-            batch.delete(_generation_key(generation.number))
+        deletes = [fmt.generation_key(generation.number) for generation in doomed]
         if forget_offsets:
-            batch.delete(_INPUT_OFFSET)
-            batch.delete(_OUTPUT_OFFSET)
-        db.write(batch, self._sync)
+            deletes += [fmt.INPUT_OFFSET_KEY, fmt.OUTPUT_OFFSET_KEY]
+        self._write(deletes=deletes)
         numbers = {generation.number for generation in doomed}
         self._generations = [g for g in self._generations if g.number not in numbers]
         if forget_offsets:
@@ -668,7 +534,7 @@ class Store:
         for number in sorted(numbers):
             # Drop before letting go of the handle: rocksdict flushes a column family
             # when its last handle goes, which would write out doomed ids.
-            db.drop_column_family(_cf_name(number))
+            db.drop_column_family(fmt.family_name(number))
             self._detach(number)
         return sum(generation.keys for generation in doomed)
 
@@ -684,6 +550,49 @@ class Store:
             self._lookup_pool = None
         if db is not None:
             db.close()
+
+
+def _lookup(
+    tables: Sequence[Rdict], keys: Sequence[bytes], batched: bool = True
+) -> tuple[list[bool], list[bytes]]:
+    """(whether each key is in the generations ``tables``, the keys that are not); safe
+    on any thread.
+
+    ``Store`` passes its generations newest first (a duplicate is most likely recent);
+    each is asked only for the keys not found yet. ``batched``: one multi-get per
+    generation, which releases the GIL (for the lookup threads); otherwise ``map(get)``
+    driven from C, ~1.5x faster for bloom misses (~0.25 us vs ~0.4 us per key and
+    generation) when there is no second core to gain.
+    """
+    found = [False] * len(keys)
+    positions: Sequence[int] = range(len(keys))
+    pending = list(keys)
+    for table in tables:
+        if not pending:
+            break
+        values: list[bytes | None] = (
+            _multi_get(table, pending) if batched else list(map(table.get, pending))
+        )
+        hits = list(map(is_not, values, repeat(None)))
+        if not any(hits):
+            continue
+        for position in compress(positions, hits):
+            found[position] = True
+        misses = list(map(not_, hits))
+        positions = list(compress(positions, misses))
+        pending = list(compress(pending, misses))
+    return found, pending
+
+
+def _wal_bytes(path: Path) -> int:
+    """Bytes of the write-ahead logs in the store's directory ``path``."""
+    wal = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name.endswith(".log"):
+                with contextlib.suppress(FileNotFoundError):  # recycled meanwhile
+                    wal += entry.stat().st_size
+    return wal
 
 
 def _multi_get(table: Rdict, keys: list[bytes]) -> list[bytes | None]:
@@ -767,59 +676,3 @@ def _existing_column_families(path: Path) -> list[str]:
         return Rdict.list_cf(str(path), Options(raw_mode=True))
     except Exception as error:
         raise StoreError(f"cannot read store at {path}: {error}") from error
-
-
-# --- metadata encoding -----------------------------------------------------------------
-
-
-def _cf_name(number: int) -> str:
-    return f"{_CF_PREFIX}{number:010d}"
-
-
-def _generation_key(number: int) -> bytes:
-    return _GENERATION_PREFIX + _GENERATION_KEY.pack(number)
-
-
-def _is_generation_key(key: bytes) -> bool:
-    return (
-        key.startswith(_GENERATION_PREFIX)
-        and len(key) == len(_GENERATION_PREFIX) + _GENERATION_KEY.size
-    )
-
-
-def _encode_generation(generation: Generation) -> bytes:
-    return _GENERATION_VALUE.pack(
-        generation.opened_ms, generation.oldest_ms, generation.newest_ms, generation.keys
-    )
-
-
-def _decode_generation(key: bytes, value: bytes) -> Generation:
-    (number,) = _GENERATION_KEY.unpack_from(key, len(_GENERATION_PREFIX))
-    opened_ms, oldest_ms, newest_ms, keys = _GENERATION_VALUE.unpack(value)
-    return Generation(number, opened_ms, oldest_ms, newest_ms, keys)
-
-
-def _encode_owner(owner: StoreOwner) -> bytes:
-    return json.dumps(
-        {"namespace": owner.namespace, "pipeline": owner.pipeline, "partition": owner.partition},
-        sort_keys=True,
-    ).encode()
-
-
-def _decode_owner(raw: bytes | None, path: Path) -> StoreOwner:
-    try:
-        fields = json.loads(raw or b"")
-        return StoreOwner(
-            str(fields["namespace"]), str(fields["pipeline"]), int(fields["partition"])
-        )
-    except (ValueError, KeyError, TypeError) as error:
-        raise StoreError(f"store at {path} has an unreadable owner record: {raw!r}") from error
-
-
-def _decode_offset(raw: bytes | None) -> int | None:
-    return None if raw is None else int(_OFFSET.unpack(raw)[0])
-
-
-def _check_offset(which: str, offset: int | None) -> None:
-    if offset is not None and offset < 0:
-        raise ValueError(f"{which} offset must not be negative, not {offset}")

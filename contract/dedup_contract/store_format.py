@@ -1,0 +1,317 @@
+"""The store's on-disk format: its versions, metadata records and the checks on opening.
+
+Column family ``default`` of a store holds metadata only, under the keys below: the
+format version, the owner (JSON), the ownership generation (format 2), the applied input
+and output offsets, the next generation number and one record per live generation (see
+``window.Generation``); each column family ``gen-<number>`` (``family_name``) holds the
+16-byte id keys (``ids.id_key``, whose BLAKE2b derivation the id rules own) of one
+generation, with empty values.
+
+Pure: these functions read and build metadata as ``bytes -> bytes`` mappings and never
+touch RocksDB; ``store.Store`` does the reading and writing. A store is refused when its
+format is another or unknown, when it has data but no format record, when it was written
+under another ownership generation, or when it belongs to another pipeline or partition.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Final, TypeAlias
+
+from dedup_contract.window import Generation
+
+FORMAT_VERSION: Final = 1
+"""A store of a worker without ownership: its ids are those of one input partition."""
+FORMAT_VERSION_OWNED: Final = 2
+"""A store of a worker under ownership (`Ownership`): its ids are those it owns. A worker
+of a commit before ownership reads format 1 only, so it refuses such a store."""
+
+FORMAT_KEY: Final = b"format"
+OWNER_KEY: Final = b"owner"
+OWNERSHIP_KEY: Final = b"ownership"
+INPUT_OFFSET_KEY: Final = b"offset/input"
+OUTPUT_OFFSET_KEY: Final = b"offset/output"
+NEXT_GENERATION_KEY: Final = b"generation/next"
+GENERATION_PREFIX: Final = b"generation/"
+FAMILY_PREFIX: Final = "gen-"
+"""The names of the generations' column families start with it."""
+
+Record: TypeAlias = tuple[bytes, bytes]
+"""A metadata record: (key, value) in column family ``default``."""
+
+_OFFSET_PREFIX: Final = b"offset/"
+_GENERATION_KEY: Final = struct.Struct(">Q")
+_GENERATION_VALUE: Final = struct.Struct(">qqqq")
+_OFFSET: Final = struct.Struct(">q")
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used."""
+
+
+class StoreOwnershipError(StoreError):
+    """The store on this volume belongs to another pipeline or partition."""
+
+
+@dataclass(frozen=True)
+class StoreOwner:
+    """Who a store belongs to; recorded on first open and checked on every open."""
+
+    namespace: str
+    pipeline: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pipeline} partition {self.partition}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The ownership generation a store was written under: the number of workers the ids
+    are divided among (`dedup_contract.ownership.owner`) and how many reshards changed that
+    number (0 until resharding exists). A store of another generation holds another share
+    of the ids, so a worker refuses it."""
+
+    workers: int
+    reshards: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.reshards < 0:
+            raise ValueError(f"invalid ownership generation {self}")
+
+    def __str__(self) -> str:
+        return f"workers={self.workers},reshards={self.reshards}"
+
+
+# --- opening: which format, whose store --------------------------------------------------
+
+
+class Opening(Enum):
+    """What opening a store finds in its format record."""
+
+    CREATE = "create"
+    """No format record and no data: a new store, to initialise (`initial_records`)."""
+    OPEN = "open"
+    """This worker's format."""
+    SWITCH = "switch"
+    """A format-1 store that a worker under ownership opens to switch it."""
+
+
+def format_version(ownership: Ownership | None) -> int:
+    """The format a worker writes and reads: 2 under ownership, else 1."""
+    return FORMAT_VERSION if ownership is None else FORMAT_VERSION_OWNED
+
+
+def opening(
+    meta: Mapping[bytes, bytes], path: Path, ownership: Ownership | None, *, switch: bool
+) -> Opening:
+    """How a worker under ``ownership`` opens the store at ``path`` with metadata ``meta``.
+
+    ``switch``: the worker may switch a format-1 store to ownership (only meaningful with
+    an ``ownership``). Raises StoreError for a store with data but no format record, or of
+    a format this worker does not read (`refusal`).
+    """
+    recorded = meta.get(FORMAT_KEY)
+    if recorded is None:
+        if any(key.startswith(GENERATION_PREFIX) or key.startswith(_OFFSET_PREFIX) for key in meta):
+            raise StoreError(f"store at {path} has data but no format record")
+        return Opening.CREATE
+    if switch and ownership is not None and recorded == str(FORMAT_VERSION).encode():
+        return Opening.SWITCH
+    if recorded != str(format_version(ownership)).encode():
+        raise StoreError(refusal(path, recorded.decode(errors="replace"), ownership))
+    return Opening.OPEN
+
+
+def refusal(path: Path, recorded: str, ownership: Ownership | None) -> str:
+    """Why a store of format ``recorded`` is refused by a worker under ``ownership``."""
+    if ownership is None and recorded == str(FORMAT_VERSION_OWNED):
+        return (
+            f"store at {path} has format {recorded}: it was written under "
+            "ownership (--owned-topic), and this worker runs without it"
+        )
+    if ownership is not None and recorded == str(FORMAT_VERSION):
+        return (
+            f"store at {path} has format {recorded}: it was written before "
+            "ownership, and its ids are those of one input partition; a pipeline is "
+            "switched to ownership as a whole, never one worker at a time (dedupctl "
+            "switch-ownership; the worker then runs with --ownership-switch)"
+        )
+    return (
+        f"store at {path} has format {recorded}; this worker reads format "
+        f"{format_version(ownership)}"
+    )
+
+
+def check_owner(
+    meta: Mapping[bytes, bytes],
+    path: Path,
+    owner: StoreOwner,
+    ownership: Ownership | None,
+    *,
+    switching: bool,
+) -> None:
+    """Refuse a store written under another ownership generation (StoreError; not checked
+    while ``switching``, the store has none yet) or owned by another pipeline or partition
+    (StoreOwnershipError)."""
+    recorded_ownership = meta.get(OWNERSHIP_KEY)
+    if ownership is not None and not switching and recorded_ownership != str(ownership).encode():
+        raise StoreError(
+            f"store at {path} was written under ownership generation "
+            f"{(recorded_ownership or b'none').decode(errors='replace')}, this worker runs "
+            f"under {ownership}; its ids are another share, so it is refused"
+        )
+    recorded_owner = decode_owner(meta.get(OWNER_KEY), path)
+    if recorded_owner != owner:
+        raise StoreOwnershipError(
+            f"store at {path} belongs to {recorded_owner}, not {owner}; "
+            "refusing to use another partition's ids"
+        )
+
+
+def initial_records(owner: StoreOwner, ownership: Ownership | None) -> list[Record]:
+    """The metadata a new store starts with: its format, owner and ownership generation."""
+    records = [
+        (FORMAT_KEY, str(format_version(ownership)).encode()),
+        (OWNER_KEY, encode_owner(owner)),
+    ]
+    if ownership is not None:
+        records.append((OWNERSHIP_KEY, str(ownership).encode()))
+    return records
+
+
+def switched_records(ownership: Ownership) -> list[Record]:
+    """The metadata that marks a switched store as one of format 2 under ``ownership``."""
+    return [
+        (FORMAT_KEY, str(FORMAT_VERSION_OWNED).encode()),
+        (OWNERSHIP_KEY, str(ownership).encode()),
+    ]
+
+
+# --- what a store holds: offsets and generations ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The offsets and generations recorded in a store's metadata."""
+
+    input_next_offset: int | None
+    output_next_offset: int | None
+    generations: tuple[Generation, ...]
+    """Every generation with a record, by number (whether or not its data survived)."""
+    next_generation: int
+    """The number the next generation gets: above every recorded one."""
+
+
+def read_recorded(meta: Mapping[bytes, bytes]) -> Recorded:
+    """The offsets and generations of the metadata ``meta``."""
+    generations = sorted(
+        (decode_generation(key, value) for key, value in meta.items() if is_generation_key(key)),
+        key=lambda generation: generation.number,
+    )
+    next_generation = decode_offset(meta.get(NEXT_GENERATION_KEY))
+    return Recorded(
+        input_next_offset=decode_offset(meta.get(INPUT_OFFSET_KEY)),
+        output_next_offset=decode_offset(meta.get(OUTPUT_OFFSET_KEY)),
+        generations=tuple(generations),
+        next_generation=max(
+            [next_generation or 0] + [generation.number + 1 for generation in generations]
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """Generation records matched with the column families found (after a crash
+    mid-expiry or mid-rollover the two may differ)."""
+
+    live: list[Generation]
+    """Recorded, with a column family: the store's generations."""
+    lost: list[Generation]
+    """Recorded, without a column family: records to delete."""
+    orphans: list[str]
+    """Column families without a record (left by an interrupted write): to drop, sorted."""
+
+
+def reconcile(generations: Iterable[Generation], families: Iterable[str]) -> Reconciled:
+    """Match the recorded ``generations`` with the column family names ``families`` (the
+    names that are not generations' are ignored)."""
+    found = {name for name in families if is_generation_family(name)}
+    recorded = list(generations)
+    live = [g for g in recorded if family_name(g.number) in found]
+    lost = [g for g in recorded if family_name(g.number) not in found]
+    orphans = sorted(found - {family_name(g.number) for g in live})
+    return Reconciled(live, lost, orphans)
+
+
+# --- encoding ----------------------------------------------------------------------------
+
+
+def family_name(number: int) -> str:
+    """The column family of generation ``number``."""
+    return f"{FAMILY_PREFIX}{number:010d}"
+
+
+def is_generation_family(name: str) -> bool:
+    return name.startswith(FAMILY_PREFIX)
+
+
+def generation_key(number: int) -> bytes:
+    """The metadata key of generation ``number``'s record."""
+    return GENERATION_PREFIX + _GENERATION_KEY.pack(number)
+
+
+def is_generation_key(key: bytes) -> bool:
+    return key.startswith(GENERATION_PREFIX) and len(key) == len(GENERATION_PREFIX) + (
+        _GENERATION_KEY.size
+    )
+
+
+def encode_generation(generation: Generation) -> bytes:
+    return _GENERATION_VALUE.pack(
+        generation.opened_ms, generation.oldest_ms, generation.newest_ms, generation.keys
+    )
+
+
+def decode_generation(key: bytes, value: bytes) -> Generation:
+    (number,) = _GENERATION_KEY.unpack_from(key, len(GENERATION_PREFIX))
+    opened_ms, oldest_ms, newest_ms, keys = _GENERATION_VALUE.unpack(value)
+    return Generation(number, opened_ms, oldest_ms, newest_ms, keys)
+
+
+def encode_owner(owner: StoreOwner) -> bytes:
+    return json.dumps(
+        {"namespace": owner.namespace, "pipeline": owner.pipeline, "partition": owner.partition},
+        sort_keys=True,
+    ).encode()
+
+
+def decode_owner(raw: bytes | None, path: Path) -> StoreOwner:
+    """The owner record ``raw`` of the store at ``path``; StoreError if unreadable."""
+    try:
+        fields = json.loads(raw or b"")
+        return StoreOwner(
+            str(fields["namespace"]), str(fields["pipeline"]), int(fields["partition"])
+        )
+    except (ValueError, KeyError, TypeError) as error:
+        raise StoreError(f"store at {path} has an unreadable owner record: {raw!r}") from error
+
+
+def encode_offset(offset: int) -> bytes:
+    """An offset (or the next generation number) as recorded: 8 bytes, big-endian."""
+    return _OFFSET.pack(offset)
+
+
+def decode_offset(raw: bytes | None) -> int | None:
+    return None if raw is None else int(_OFFSET.unpack(raw)[0])
+
+
+def check_offset(which: str, offset: int | None) -> None:
+    """ValueError for a negative offset (None: not given)."""
+    if offset is not None and offset < 0:
+        raise ValueError(f"{which} offset must not be negative, not {offset}")
