@@ -31,7 +31,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,6 +46,8 @@ from dedup_contract.names import default_consumer_group
 from dedup_contract.timefmt import format_micro_time, parse_rfc3339
 from dedup_contract.window import parse_duration_ms
 from dedup_spark import audit_matching, audit_model, audit_result, audit_rules
+from dedup_spark.audit_spec import AuditJob as AuditJob
+from dedup_spark.audit_spec import JobError as JobError
 from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
@@ -86,41 +87,6 @@ ID_HEADER_FORWARDED: Final = "dedup.id"
 ORIGIN_HEADER: Final = "dedup.origin"
 """The headers a forwarder appends (last) to a record on the internal topic: the id, and
 `<input partition>:<input offset>` of the occurrence it forwards."""
-
-
-class JobError(Exception):
-    """The audit cannot run as asked; the message is for a person."""
-
-
-@dataclass(frozen=True)
-class AuditJob:
-    """Everything one audit run needs (from the command line)."""
-
-    pipeline: str
-    namespace: str
-    kafka: KafkaSource
-    input_topic: str
-    output_topic: str
-    dead_letter_topic: str | None
-    id_spec: IdSpec
-    window_ms: int
-    slack_ms: int
-    audit_range: audit_model.AuditRange
-    report_dir: str
-    consumer_group: str | None  # None: audit all input, committed or not
-    workers: int  # the pipeline's spec.partitions: owner(id) = murmur2(id) % workers
-    owned_topic: str | None = None  # the internal topic of forwarded records
-    configmap: str | None = None
-    kubeconfig: str | None = None
-    fail_on_unverifiable: bool = True
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-
-    @property
-    def read_since_ms(self) -> int | None:
-        """How far back to read: the range's start minus a window (earlier publications)."""
-        if self.audit_range.from_ms is None:
-            return None
-        return self.audit_range.from_ms - self.window_ms - self.slack_ms
 
 
 # --- the audit in Spark ----------------------------------------------------------------
