@@ -28,24 +28,35 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any, Final
 
 from dedup_contract import names
 from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_contract.ids import ID_SOURCES, IdSpec
 from dedup_contract.logs import configure
 from dedup_contract.names import default_consumer_group
-from dedup_contract.timefmt import format_micro_time, parse_rfc3339
+from dedup_contract.timefmt import parse_rfc3339
 from dedup_contract.window import parse_duration_ms
-from dedup_spark import audit_matching, audit_model, audit_result, audit_rules
+from dedup_spark import audit_matching, audit_model, audit_report, audit_result, audit_rules
+from dedup_spark.audit_report import (
+    COUNTS_KIND,
+    DISTINCT_KIND,
+    GROUP_SCHEMA,
+    RESULT_SCHEMA,
+    SOURCES_KIND,
+    summarize,
+    write_findings,
+    write_summary,
+)
+from dedup_spark.audit_report import EXIT_ERROR as EXIT_ERROR
+from dedup_spark.audit_report import EXIT_FAILED as EXIT_FAILED
+from dedup_spark.audit_report import EXIT_PASSED as EXIT_PASSED
+from dedup_spark.audit_report import publish_summary as publish_summary
 from dedup_spark.audit_spec import AuditJob as AuditJob
 from dedup_spark.audit_spec import JobError as JobError
 from dedup_spark.placement import slot_keys
@@ -68,21 +79,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dedup_spark.audit_job")
 
-EXIT_PASSED: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_ERROR: Final = 2
-
 METADATA_TIMEOUT_S: Final = 20
 INPUT, OUTPUT, DEAD, FORWARDED = 0, 1, 2, 3
-COUNTS_KIND: Final = "counts"
-DISTINCT_KIND: Final = "distinct"
-SOURCES_KIND: Final = "sources"
-RESULT_SCHEMA: Final = (
-    "partition INT, kind STRING, id STRING, offset BIGINT, timestamp_ms BIGINT, detail STRING"
-)
-GROUP_SCHEMA: Final = RESULT_SCHEMA + ", rows BINARY"
-"""What an audit group returns: findings, `counts` per partition, the group's `distinct`
-ids (in `offset`), and its `sources` per output partition (packed, for the order stage)."""
 ID_HEADER_FORWARDED: Final = "dedup.id"
 ORIGIN_HEADER: Final = "dedup.origin"
 """The headers a forwarder appends (last) to a record on the internal topic: the id, and
@@ -260,7 +258,7 @@ class _GroupAudit:
         import pyarrow.compute as pc
 
         if table.num_rows == 0:
-            return pa.Table.from_pylist([], schema=_group_schema())
+            return pa.Table.from_pylist([], schema=audit_report.group_schema())
         group = int(table.column("group")[0].as_py())
         kinds = table.column("kind")
 
@@ -283,11 +281,11 @@ class _GroupAudit:
                 committed=self.committed,
                 retention=self.retention,
             )
-            rows.append(_row(None, DISTINCT_KIND, offset=result.distinct_ids))
+            rows.append(audit_report.group_row(None, DISTINCT_KIND, offset=result.distinct_ids))
             out_part = sources.column("partition")
             for p in pc.unique(out_part).to_pylist():
                 part = sources.filter(pc.equal(out_part, p))
-                rows.append(_row(p, SOURCES_KIND, rows=ipc_bytes(part)))
+                rows.append(audit_report.group_row(p, SOURCES_KIND, rows=ipc_bytes(part)))
         else:
             partition = group - self.buckets
             inputs = of_kind(INPUT, ids_schema())
@@ -301,14 +299,16 @@ class _GroupAudit:
                 if self.committed is None
                 else self.committed.get(partition, 0),
             )
-        rows.extend(_finding_row(f) for f in result.findings)
+        rows.extend(audit_report.finding_row(f) for f in result.findings)
         for p in sorted(set(result.counts) | set(result.by_reason)):
             counts = {
                 **{k: int(v) for k, v in result.counts.get(p, {}).items()},
                 "deadLetteredByReason": dict(result.by_reason.get(p, {})),
             }
-            rows.append(_row(p, COUNTS_KIND, detail=json.dumps(counts, sort_keys=True)))
-        return pa.Table.from_pylist(rows, schema=_group_schema())
+            rows.append(
+                audit_report.group_row(p, COUNTS_KIND, detail=json.dumps(counts, sort_keys=True))
+            )
+        return pa.Table.from_pylist(rows, schema=audit_report.group_schema())
 
 
 def _order_group(table: pa.Table) -> pa.Table:
@@ -317,38 +317,9 @@ def _order_group(table: pa.Table) -> pa.Table:
 
     sources = unpack(table.column("rows"), audit_rules.SOURCES_SCHEMA)
     found = audit_rules.order_violations(sources)
-    return pa.Table.from_pylist([_finding_row(f) for f in found], schema=_result_schema())
-
-
-def _row(
-    partition: int | None,
-    kind: str,
-    *,
-    offset: int | None = None,
-    detail: str | None = None,
-    rows: bytes | None = None,
-) -> dict[str, Any]:
-    return {
-        "partition": partition,
-        "kind": kind,
-        "id": None,
-        "offset": offset,
-        "timestamp_ms": None,
-        "detail": detail,
-        "rows": rows,
-    }
-
-
-def _finding_row(f: audit_model.Finding) -> dict[str, Any]:
-    return {
-        "partition": f.partition,
-        "kind": f.kind,
-        "id": f.id,
-        "offset": f.offset,
-        "timestamp_ms": f.timestamp_ms,
-        "detail": f.detail,
-        "rows": None,
-    }
+    return pa.Table.from_pylist(
+        [audit_report.finding_row(f) for f in found], schema=audit_report.result_schema()
+    )
 
 
 def _forwarded_schema() -> pa.Schema:
@@ -357,12 +328,6 @@ def _forwarded_schema() -> pa.Schema:
     return pa.schema(
         [("id", pa.string()), ("origin_partition", pa.int32()), ("origin_offset", pa.int64())]
     )
-
-
-def _group_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return _result_schema().append(pa.field("rows", pa.binary()))
 
 
 def _dead_schema() -> pa.Schema:
@@ -377,74 +342,6 @@ def _dead_schema() -> pa.Schema:
             ("reason", pa.string()),
         ]
     )
-
-
-def _result_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("kind", pa.string()),
-            ("id", pa.string()),
-            ("offset", pa.int64()),
-            ("timestamp_ms", pa.int64()),
-            ("detail", pa.string()),
-        ]
-    )
-
-
-def summarize(
-    job: AuditJob,
-    partition_counts: Mapping[int, Mapping[str, Any]],
-    started: datetime,
-    finished: datetime,
-    distinct: int | None = None,
-) -> dict[str, Any]:
-    """The JSON summary (docs/design.md, "Result to the pipeline") from the per-partition
-    counts (partition `p`: the input partition's and the output partition's counts) and
-    the distinct ids across partitions."""
-    parts = [
-        {
-            "partition": p,
-            **audit_result.totals_of(partition_counts[p]),
-            **_extras(partition_counts[p]),
-        }
-        for p in sorted(partition_counts)
-    ]
-    totals = audit_result.add_totals(parts, distinct=distinct)
-    by_reason: dict[str, int] = {}
-    for part in parts:
-        for reason, n in part.get("deadLetteredByReason", {}).items():
-            by_reason[reason] = by_reason.get(reason, 0) + int(n)
-    rng = job.audit_range
-    return {
-        "pipeline": job.pipeline,
-        "namespace": job.namespace,
-        "runId": job.run_id,
-        "startedAt": format_micro_time(started),
-        "finishedAt": format_micro_time(finished),
-        "passed": audit_result.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
-        "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
-        "range": {
-            "from": None if rng.from_ms is None else format_micro_time(_from_ms(rng.from_ms)),
-            "to": None if rng.to_ms is None else format_micro_time(_from_ms(rng.to_ms)),
-            "offsets": None
-            if rng.offsets is None
-            else {str(p): list(b) for p, b in sorted(rng.offsets.items())},
-        },
-        "window": {"ms": job.window_ms, "slackMs": job.slack_ms},
-        "ownership": {"workers": job.workers, "ownedTopic": job.owned_topic},
-        "consumerGroup": job.consumer_group,
-        "totals": totals,
-        "deadLetteredByReason": dict(sorted(by_reason.items())),
-        "partitions": parts,
-        "report": job.report_dir,
-    }
-
-
-def _extras(counts: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in counts.items() if k not in audit_result.COUNT_NAMES}
 
 
 def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
@@ -476,7 +373,8 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             .unionByName(ordered)
             .unionByName(
                 spark.createDataFrame(
-                    [_finding_row(f) for f in lost.findings], RESULT_SCHEMA + ", rows BINARY"
+                    [audit_report.finding_row(f) for f in lost.findings],
+                    RESULT_SCHEMA + ", rows BINARY",
                 ).drop("rows")
             )
             .cache()
@@ -493,35 +391,13 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             findings.unpersist()
     finally:
         result.unpersist()
-    partition_counts: dict[int, dict[str, Any]] = {}
-    distinct = 0
-
-    def counts_of(p: int) -> dict[str, Any]:
-        return partition_counts.setdefault(p, {"deadLetteredByReason": {}})
-
-    for row in counts_rows:
-        if row["kind"] == DISTINCT_KIND:
-            distinct += int(row["offset"])
-            continue
-        got = json.loads(row["detail"])
-        mine = counts_of(int(row["partition"]))
-        for reason, n in got.pop("deadLetteredByReason", {}).items():
-            by_reason = mine["deadLetteredByReason"]
-            by_reason[reason] = by_reason.get(reason, 0) + int(n)
-        for name, n in got.items():
-            mine[name] = mine.get(name, 0) + int(n)
-    for row in order_counts:
-        mine = counts_of(int(row["partition"]))
-        mine["orderViolations"] = mine.get("orderViolations", 0) + int(row["count"])
-    for p, counts in lost.counts.items():
-        mine = counts_of(p)
-        for name, n in counts.items():
-            mine[name] = mine.get(name, 0) + int(n)
-    for p in range(state.partitions):
-        counts_of(p)
-    if job.consumer_group is not None:
-        for p, mine in partition_counts.items():
-            mine["committedOffset"] = state.committed.get(p, 0) if p < state.partitions else None
+    partition_counts, distinct = audit_report.partition_counts(
+        counts_rows,
+        order_counts,
+        lost.counts,
+        state.partitions,
+        state.committed if job.consumer_group is not None else None,
+    )
     summary = summarize(job, partition_counts, started, datetime.now(UTC), distinct)
     write_summary(spark, job.report_dir, summary)
     if job.configmap:
@@ -645,92 +521,6 @@ def _first_record_ms(job: AuditJob, topic: str, partition: int, low: int, high: 
         raise JobError(f"no record of {topic}[{partition}] read in {METADATA_TIMEOUT_S} s")
     finally:
         consumer.close()
-
-
-def write_findings(spark: SparkSession, findings: DataFrame, path: str) -> None:
-    """The findings as Parquet in one file at `path`. A path on the driver's own file
-    system (no scheme, or `file:`) while executors run elsewhere (any master but
-    `local[N]`, e.g. executor pods) is written by the driver from the collected findings:
-    the executors cannot reach the driver pod's volume. They are the audit's defects (a
-    row per duplicate, missing or mismatched record), not its input. Any other path
-    (s3a:, hdfs:, ...) is written by Spark's executors."""
-    url = urlparse(path)
-    if url.scheme in ("", "file") and not (spark.sparkContext.master or "").startswith("local"):
-        import pyarrow.parquet as pq
-
-        local = Path(url.path)
-        shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
-        pq.write_table(findings.toArrow(), local / "part-00000.parquet")
-        (local / "_SUCCESS").touch()
-        return
-    findings.coalesce(1).write.mode("overwrite").parquet(path)
-
-
-def write_summary(spark: SparkSession, report_dir: str, summary: Mapping[str, Any]) -> None:
-    """`summary.json` beside the findings, through Spark's Hadoop file system API, so a
-    remote report location (s3a://, hdfs://, ...) gets it as a local directory does."""
-    context: Any = spark.sparkContext
-    path = context._jvm.org.apache.hadoop.fs.Path(f"{report_dir.rstrip('/')}/summary.json")
-    fs = path.getFileSystem(context._jsc.hadoopConfiguration())
-    out = fs.create(path, True)
-    try:
-        out.write(bytearray((json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()))
-    finally:
-        out.close()
-
-
-def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
-    """Create or replace the result ConfigMap (the operator reads it into the status)."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    from dedup_contract.kube_client import api_client
-
-    try:
-        api = api_client(job.kubeconfig or None)
-    except Exception as exc:  # the kubernetes package raises its own ConfigException
-        raise JobError(f"cannot configure the API client: {exc}") from None
-    core = client.CoreV1Api(api)
-    name = job.configmap or names.reconciliation_result(job.pipeline)
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": job.namespace,
-        "labels": {
-            names.LABEL_PIPELINE: job.pipeline,
-            names.LABEL_MANAGED_BY: names.MANAGER,
-            names.LABEL_COMPONENT: "reconciliation",
-        },
-    }
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata,
-        "data": {names.RECONCILIATION_SUMMARY_KEY: json.dumps(summary, sort_keys=True)},
-    }
-    try:
-        try:
-            current = core.read_namespaced_config_map(name, job.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            core.create_namespaced_config_map(job.namespace, cast(Any, body))
-        else:
-            # Keep what the operator added (its owner reference).
-            seen = current.metadata
-            if seen is not None:
-                metadata["ownerReferences"] = [
-                    api.sanitize_for_serialization(ref)  # type: ignore[no-untyped-call]
-                    for ref in seen.owner_references or []
-                ]
-                metadata["resourceVersion"] = seen.resource_version
-            core.replace_namespaced_config_map(name, job.namespace, cast(Any, body))
-    except ApiException as exc:
-        raise JobError(
-            f"cannot write ConfigMap {job.namespace}/{name}: {exc.status} {exc.reason}"
-        ) from None
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
 
 
 # --- command line ----------------------------------------------------------------------
@@ -900,10 +690,6 @@ def _parse_time(text: str) -> int:
     return int(parse_rfc3339(text).timestamp() * 1000)
 
 
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
 def _session(args: argparse.Namespace, app_name: str) -> SparkSession:
     from dedup_spark.session import SparkSettings, spark_session
 
@@ -947,19 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         spark.stop()
-    totals = summary["totals"]
-    code = EXIT_PASSED if summary["passed"] else EXIT_FAILED
-    if totals.get("unverifiable"):
-        log.warning(
-            "%d input record(s) could not be verified: deleted by retention before the audit "
-            "read them (findings of kind 'unverifiable' name them)",
-            totals["unverifiable"],
-            extra={"unverifiable": totals["unverifiable"], "policy": summary["unverifiable"]},
-        )
-    log.info(
-        "audit %s", "passed" if summary["passed"] else "FAILED", extra={"exit_code": code, **totals}
-    )
-    return code
+    return audit_report.exit_code(summary)
 
 
 def _first_line(exc: BaseException) -> str:
