@@ -18,6 +18,9 @@ Records deleted by retention before the audit read them are reported as `unverif
 start offsets and oldest retained records first (`input_state`). `--unverifiable fail`
 (the default) fails an audit with any; `warn` passes it with a warning.
 
+Its parts, none importing it: `audit_spec.py` (the run asked), `audit_sources.py` (the
+topics read), `audit_report.py` (summary, findings, ConfigMap, exit code); docs/audit.md.
+
 Exit codes: 0 the audit passed, 1 it failed (the summary says what), 2 it could not run
 (bad arguments, Kafka, Spark or the API server refusing) -- one log line says why.
 """
@@ -28,37 +31,54 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any
 
 from dedup_contract import names
-from dedup_contract.batch import DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC
 from dedup_contract.ids import ID_SOURCES, IdSpec
 from dedup_contract.logs import configure
 from dedup_contract.names import default_consumer_group
-from dedup_contract.timefmt import format_micro_time, parse_rfc3339
+from dedup_contract.timefmt import parse_rfc3339
 from dedup_contract.window import parse_duration_ms
-from dedup_spark import audit_matching, audit_model, audit_result, audit_rules
+from dedup_spark import (
+    audit_matching,
+    audit_model,
+    audit_report,
+    audit_result,
+    audit_rules,
+    audit_sources,
+)
+from dedup_spark.audit_report import (
+    COUNTS_KIND,
+    DISTINCT_KIND,
+    GROUP_SCHEMA,
+    RESULT_SCHEMA,
+    SOURCES_KIND,
+    summarize,
+    write_findings,
+    write_summary,
+)
+from dedup_spark.audit_report import EXIT_ERROR as EXIT_ERROR
+from dedup_spark.audit_report import EXIT_FAILED as EXIT_FAILED
+from dedup_spark.audit_report import EXIT_PASSED as EXIT_PASSED
+from dedup_spark.audit_report import publish_summary as publish_summary
+from dedup_spark.audit_sources import DEAD, FORWARDED, INPUT, OUTPUT
+from dedup_spark.audit_sources import InputState as InputState
+from dedup_spark.audit_sources import input_state as input_state
+from dedup_spark.audit_spec import AuditJob as AuditJob
+from dedup_spark.audit_spec import JobError as JobError
 from dedup_spark.placement import slot_keys
 from dedup_spark.source import (
     KafkaSource,
     SourceError,
-    grouped,
-    grouped_ids,
     ids_schema,
     ipc_bytes,
     parse_settings,
-    read_topic,
     unpack,
-    with_header,
 )
 
 if TYPE_CHECKING:
@@ -67,81 +87,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dedup_spark.audit_job")
 
-EXIT_PASSED: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_ERROR: Final = 2
-
-METADATA_TIMEOUT_S: Final = 20
-INPUT, OUTPUT, DEAD, FORWARDED = 0, 1, 2, 3
-COUNTS_KIND: Final = "counts"
-DISTINCT_KIND: Final = "distinct"
-SOURCES_KIND: Final = "sources"
-RESULT_SCHEMA: Final = (
-    "partition INT, kind STRING, id STRING, offset BIGINT, timestamp_ms BIGINT, detail STRING"
-)
-GROUP_SCHEMA: Final = RESULT_SCHEMA + ", rows BINARY"
-"""What an audit group returns: findings, `counts` per partition, the group's `distinct`
-ids (in `offset`), and its `sources` per output partition (packed, for the order stage)."""
-ID_HEADER_FORWARDED: Final = "dedup.id"
-ORIGIN_HEADER: Final = "dedup.origin"
-"""The headers a forwarder appends (last) to a record on the internal topic: the id, and
-`<input partition>:<input offset>` of the occurrence it forwards."""
-
-
-class JobError(Exception):
-    """The audit cannot run as asked; the message is for a person."""
-
-
-@dataclass(frozen=True)
-class AuditJob:
-    """Everything one audit run needs (from the command line)."""
-
-    pipeline: str
-    namespace: str
-    kafka: KafkaSource
-    input_topic: str
-    output_topic: str
-    dead_letter_topic: str | None
-    id_spec: IdSpec
-    window_ms: int
-    slack_ms: int
-    audit_range: audit_model.AuditRange
-    report_dir: str
-    consumer_group: str | None  # None: audit all input, committed or not
-    workers: int  # the pipeline's spec.partitions: owner(id) = murmur2(id) % workers
-    owned_topic: str | None = None  # the internal topic of forwarded records
-    configmap: str | None = None
-    kubeconfig: str | None = None
-    fail_on_unverifiable: bool = True
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-
-    @property
-    def read_since_ms(self) -> int | None:
-        """How far back to read: the range's start minus a window (earlier publications)."""
-        if self.audit_range.from_ms is None:
-            return None
-        return self.audit_range.from_ms - self.window_ms - self.slack_ms
-
-
 # --- the audit in Spark ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InputState:
-    """What the audit learns of the topics before it starts: the input's partition count,
-    the pipeline's committed offset per input partition (empty without a consumer
-    group), per internal-topic partition (empty without `--owned-topic` or a group),
-    and what retention left of each input and output partition (none listed: nothing
-    deleted)."""
-
-    partitions: int
-    committed: dict[int, int] = field(default_factory=dict)
-    retention: dict[int, audit_model.Retention] = field(default_factory=dict)
-    committed_owned: dict[int, int] = field(default_factory=dict)
-
-    def buckets(self, job: AuditJob) -> int:
-        """How many id groups (tasks) the audit uses."""
-        return max(1, job.workers, self.partitions)
 
 
 def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
@@ -150,58 +96,8 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
     letters."""
     from pyspark.sql import functions as F
 
-    since = job.read_since_ms
-    offsets = job.audit_range.offsets
     buckets = state.buckets(job)
-    # Each topic's records packed per Arrow batch and audit group (source.grouped_ids),
-    # so Spark moves a few hundred binary rows to the audit tasks, not a row per record.
-    inputs = grouped_ids(
-        read_topic(spark, job.kafka, job.input_topic, since_ms=since, offsets=offsets),
-        job.id_spec,
-        buckets,
-    ).withColumn("kind", F.lit(INPUT))
-    outputs = grouped_ids(
-        read_topic(spark, job.kafka, job.output_topic, since_ms=since),
-        job.id_spec,
-        buckets,
-        published=True,
-    ).withColumn("kind", F.lit(OUTPUT))
-    frames = [inputs, outputs]
-    if job.dead_letter_topic:
-        dead = read_topic(spark, job.kafka, job.dead_letter_topic, since_ms=since)
-        for name, column in (
-            (DLQ_TOPIC, "origin_topic"),
-            (DLQ_PARTITION, "origin_partition"),
-            (DLQ_OFFSET, "origin_offset"),
-            (DLQ_REASON, "reason"),
-        ):
-            dead = with_header(dead, name, column)
-        # Dead letters naming no partition and offset of this input are not its.
-        origin = dead.select(
-            F.col("origin_partition").try_cast("int").alias("partition"),
-            F.col("origin_offset").try_cast("long").alias("origin_offset"),
-            "timestamp_ms",
-            "reason",
-            "origin_topic",
-        ).where(
-            (F.col("origin_topic") == F.lit(job.input_topic))
-            & F.col("partition").isNotNull()
-            & F.col("origin_offset").isNotNull()
-        )
-        frames.append(
-            grouped(origin.drop("origin_topic"), _PartitionGroup(buckets)).withColumn(
-                "kind", F.lit(DEAD)
-            )
-        )
-    if job.owned_topic and job.consumer_group is not None and state.committed_owned:
-        frames.append(
-            grouped(forwarded_frame(spark, job, state), _IdGroup(buckets)).withColumn(
-                "kind", F.lit(FORWARDED)
-            )
-        )
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
+    union = audit_sources.source_frames(spark, job, state)
 
     settings = _GroupAudit(
         buckets,
@@ -230,52 +126,6 @@ def audit_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFr
     )
 
 
-def forwarded_frame(spark: SparkSession, job: AuditJob, state: InputState) -> DataFrame:
-    """The internal topic's records at or above the group's committed offset of their
-    partition (forwarded, not yet consumed by their owner), as (id, origin_partition,
-    origin_offset) from their `dedup.id` and `dedup.origin` headers."""
-    from pyspark.sql import functions as F
-
-    assert job.owned_topic is not None
-    starting = {p: (o if o > 0 else -2) for p, o in state.committed_owned.items()}
-    records = read_topic(spark, job.kafka, job.owned_topic, starting=starting)
-    records = with_header(records, ID_HEADER_FORWARDED, "id")
-    records = with_header(records, ORIGIN_HEADER, "origin")
-    parts = F.split(F.col("origin"), ":")
-    return records.select(
-        "id",
-        F.element_at(parts, 1).try_cast("int").alias("origin_partition"),
-        F.element_at(parts, 2).try_cast("long").alias("origin_offset"),
-    ).where(
-        F.col("id").isNotNull()
-        & F.col("origin_partition").isNotNull()
-        & F.col("origin_offset").isNotNull()
-    )
-
-
-@dataclass(frozen=True)
-class _IdGroup:
-    """The audit group of rows with an `id` (forwarded records)."""
-
-    buckets: int
-
-    def __call__(self, batch: pa.RecordBatch) -> Any:
-        from dedup_spark.murmur2 import owners
-
-        return owners(batch.column(batch.schema.get_field_index("id")), self.buckets)
-
-
-@dataclass(frozen=True)
-class _PartitionGroup:
-    """The audit group of rows naming an input partition (dead letters)."""
-
-    buckets: int
-
-    def __call__(self, batch: pa.RecordBatch) -> Any:
-        column = batch.column(batch.schema.get_field_index("partition"))
-        return self.buckets + column.to_numpy(zero_copy_only=False)
-
-
 @dataclass(frozen=True)
 class _GroupAudit:
     """The function Spark runs per audit group (pickled to the executors)."""
@@ -294,7 +144,7 @@ class _GroupAudit:
         import pyarrow.compute as pc
 
         if table.num_rows == 0:
-            return pa.Table.from_pylist([], schema=_group_schema())
+            return pa.Table.from_pylist([], schema=audit_report.group_schema())
         group = int(table.column("group")[0].as_py())
         kinds = table.column("kind")
 
@@ -308,7 +158,7 @@ class _GroupAudit:
                 audit_matching.IdColumns.of_tables(
                     of_kind(INPUT, ids_schema()),
                     of_kind(OUTPUT, ids_schema()),
-                    of_kind(FORWARDED, _forwarded_schema()),
+                    of_kind(FORWARDED, audit_sources.forwarded_schema()),
                 ),
                 workers=self.workers,
                 audit_range=self.audit_range,
@@ -317,11 +167,11 @@ class _GroupAudit:
                 committed=self.committed,
                 retention=self.retention,
             )
-            rows.append(_row(None, DISTINCT_KIND, offset=result.distinct_ids))
+            rows.append(audit_report.group_row(None, DISTINCT_KIND, offset=result.distinct_ids))
             out_part = sources.column("partition")
             for p in pc.unique(out_part).to_pylist():
                 part = sources.filter(pc.equal(out_part, p))
-                rows.append(_row(p, SOURCES_KIND, rows=ipc_bytes(part)))
+                rows.append(audit_report.group_row(p, SOURCES_KIND, rows=ipc_bytes(part)))
         else:
             partition = group - self.buckets
             inputs = of_kind(INPUT, ids_schema())
@@ -329,20 +179,22 @@ class _GroupAudit:
             result = audit_rules.audit_invalid(
                 partition,
                 inputs,
-                of_kind(DEAD, _dead_schema()),
+                of_kind(DEAD, audit_sources.dead_schema()),
                 audit_range=self.audit_range,
                 committed_offset=None
                 if self.committed is None
                 else self.committed.get(partition, 0),
             )
-        rows.extend(_finding_row(f) for f in result.findings)
+        rows.extend(audit_report.finding_row(f) for f in result.findings)
         for p in sorted(set(result.counts) | set(result.by_reason)):
             counts = {
                 **{k: int(v) for k, v in result.counts.get(p, {}).items()},
                 "deadLetteredByReason": dict(result.by_reason.get(p, {})),
             }
-            rows.append(_row(p, COUNTS_KIND, detail=json.dumps(counts, sort_keys=True)))
-        return pa.Table.from_pylist(rows, schema=_group_schema())
+            rows.append(
+                audit_report.group_row(p, COUNTS_KIND, detail=json.dumps(counts, sort_keys=True))
+            )
+        return pa.Table.from_pylist(rows, schema=audit_report.group_schema())
 
 
 def _order_group(table: pa.Table) -> pa.Table:
@@ -351,134 +203,9 @@ def _order_group(table: pa.Table) -> pa.Table:
 
     sources = unpack(table.column("rows"), audit_rules.SOURCES_SCHEMA)
     found = audit_rules.order_violations(sources)
-    return pa.Table.from_pylist([_finding_row(f) for f in found], schema=_result_schema())
-
-
-def _row(
-    partition: int | None,
-    kind: str,
-    *,
-    offset: int | None = None,
-    detail: str | None = None,
-    rows: bytes | None = None,
-) -> dict[str, Any]:
-    return {
-        "partition": partition,
-        "kind": kind,
-        "id": None,
-        "offset": offset,
-        "timestamp_ms": None,
-        "detail": detail,
-        "rows": rows,
-    }
-
-
-def _finding_row(f: audit_model.Finding) -> dict[str, Any]:
-    return {
-        "partition": f.partition,
-        "kind": f.kind,
-        "id": f.id,
-        "offset": f.offset,
-        "timestamp_ms": f.timestamp_ms,
-        "detail": f.detail,
-        "rows": None,
-    }
-
-
-def _forwarded_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [("id", pa.string()), ("origin_partition", pa.int32()), ("origin_offset", pa.int64())]
+    return pa.Table.from_pylist(
+        [audit_report.finding_row(f) for f in found], schema=audit_report.result_schema()
     )
-
-
-def _group_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return _result_schema().append(pa.field("rows", pa.binary()))
-
-
-def _dead_schema() -> pa.Schema:
-    """The packed rows of the dead-letter topic."""
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("origin_offset", pa.int64()),
-            ("timestamp_ms", pa.int64()),
-            ("reason", pa.string()),
-        ]
-    )
-
-
-def _result_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("kind", pa.string()),
-            ("id", pa.string()),
-            ("offset", pa.int64()),
-            ("timestamp_ms", pa.int64()),
-            ("detail", pa.string()),
-        ]
-    )
-
-
-def summarize(
-    job: AuditJob,
-    partition_counts: Mapping[int, Mapping[str, Any]],
-    started: datetime,
-    finished: datetime,
-    distinct: int | None = None,
-) -> dict[str, Any]:
-    """The JSON summary (docs/design.md, "Result to the pipeline") from the per-partition
-    counts (partition `p`: the input partition's and the output partition's counts) and
-    the distinct ids across partitions."""
-    parts = [
-        {
-            "partition": p,
-            **audit_result.totals_of(partition_counts[p]),
-            **_extras(partition_counts[p]),
-        }
-        for p in sorted(partition_counts)
-    ]
-    totals = audit_result.add_totals(parts, distinct=distinct)
-    by_reason: dict[str, int] = {}
-    for part in parts:
-        for reason, n in part.get("deadLetteredByReason", {}).items():
-            by_reason[reason] = by_reason.get(reason, 0) + int(n)
-    rng = job.audit_range
-    return {
-        "pipeline": job.pipeline,
-        "namespace": job.namespace,
-        "runId": job.run_id,
-        "startedAt": format_micro_time(started),
-        "finishedAt": format_micro_time(finished),
-        "passed": audit_result.passed(totals, fail_on_unverifiable=job.fail_on_unverifiable),
-        "unverifiable": "fail" if job.fail_on_unverifiable else "warn",
-        "range": {
-            "from": None if rng.from_ms is None else format_micro_time(_from_ms(rng.from_ms)),
-            "to": None if rng.to_ms is None else format_micro_time(_from_ms(rng.to_ms)),
-            "offsets": None
-            if rng.offsets is None
-            else {str(p): list(b) for p, b in sorted(rng.offsets.items())},
-        },
-        "window": {"ms": job.window_ms, "slackMs": job.slack_ms},
-        "ownership": {"workers": job.workers, "ownedTopic": job.owned_topic},
-        "consumerGroup": job.consumer_group,
-        "totals": totals,
-        "deadLetteredByReason": dict(sorted(by_reason.items())),
-        "partitions": parts,
-        "report": job.report_dir,
-    }
-
-
-def _extras(counts: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in counts.items() if k not in audit_result.COUNT_NAMES}
 
 
 def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> dict[str, Any]:
@@ -510,7 +237,8 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             .unionByName(ordered)
             .unionByName(
                 spark.createDataFrame(
-                    [_finding_row(f) for f in lost.findings], RESULT_SCHEMA + ", rows BINARY"
+                    [audit_report.finding_row(f) for f in lost.findings],
+                    RESULT_SCHEMA + ", rows BINARY",
                 ).drop("rows")
             )
             .cache()
@@ -527,244 +255,18 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             findings.unpersist()
     finally:
         result.unpersist()
-    partition_counts: dict[int, dict[str, Any]] = {}
-    distinct = 0
-
-    def counts_of(p: int) -> dict[str, Any]:
-        return partition_counts.setdefault(p, {"deadLetteredByReason": {}})
-
-    for row in counts_rows:
-        if row["kind"] == DISTINCT_KIND:
-            distinct += int(row["offset"])
-            continue
-        got = json.loads(row["detail"])
-        mine = counts_of(int(row["partition"]))
-        for reason, n in got.pop("deadLetteredByReason", {}).items():
-            by_reason = mine["deadLetteredByReason"]
-            by_reason[reason] = by_reason.get(reason, 0) + int(n)
-        for name, n in got.items():
-            mine[name] = mine.get(name, 0) + int(n)
-    for row in order_counts:
-        mine = counts_of(int(row["partition"]))
-        mine["orderViolations"] = mine.get("orderViolations", 0) + int(row["count"])
-    for p, counts in lost.counts.items():
-        mine = counts_of(p)
-        for name, n in counts.items():
-            mine[name] = mine.get(name, 0) + int(n)
-    for p in range(state.partitions):
-        counts_of(p)
-    if job.consumer_group is not None:
-        for p, mine in partition_counts.items():
-            mine["committedOffset"] = state.committed.get(p, 0) if p < state.partitions else None
+    partition_counts, distinct = audit_report.partition_counts(
+        counts_rows,
+        order_counts,
+        lost.counts,
+        state.partitions,
+        state.committed if job.consumer_group is not None else None,
+    )
     summary = summarize(job, partition_counts, started, datetime.now(UTC), distinct)
     write_summary(spark, job.report_dir, summary)
     if job.configmap:
         publish_summary(job, summary)
     return summary
-
-
-def input_state(job: AuditJob) -> InputState:
-    """Check that the topics exist; the input's partition count, and the pipeline's
-    committed input offsets per partition (0 where none is committed; none without a
-    consumer group)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": job.kafka.bootstrap_servers,
-            **job.kafka.settings,
-            "group.id": job.consumer_group or f"dedup-reconcile-{job.run_id}",
-            "enable.auto.commit": False,
-            "logger": logging.getLogger("librdkafka"),
-        }
-    )
-    topics = [
-        job.input_topic,
-        job.output_topic,
-        *filter(None, [job.dead_letter_topic, job.owned_topic]),
-    ]
-    try:
-        meta = consumer.list_topics(timeout=METADATA_TIMEOUT_S)
-        absent = [t for t in topics if t not in meta.topics or meta.topics[t].error is not None]
-        if absent:
-            raise JobError(
-                f"topic(s) {', '.join(absent)} not found at {job.kafka.bootstrap_servers}"
-            )
-        partitions = sorted(meta.topics[job.input_topic].partitions)
-        outputs = sorted(meta.topics[job.output_topic].partitions)
-        if len(outputs) < job.workers:
-            raise JobError(
-                f"output topic {job.output_topic} has {len(outputs)} partition(s), fewer "
-                f"than the {job.workers} workers that publish to it"
-            )
-        retention = _retention(consumer, job, partitions, outputs)
-        if job.consumer_group is None:
-            return InputState(len(partitions), retention=retention)
-        wanted = [TopicPartition(job.input_topic, p) for p in partitions]
-        got = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
-        owned: dict[int, int] = {}
-        if job.owned_topic:
-            internal = sorted(meta.topics[job.owned_topic].partitions)
-            for tp in consumer.committed(
-                [TopicPartition(job.owned_topic, q) for q in internal], timeout=METADATA_TIMEOUT_S
-            ):
-                owned[tp.partition] = max(0, tp.offset)
-    except KafkaException as exc:
-        raise JobError(f"Kafka at {job.kafka.bootstrap_servers}: {exc.args[0]}") from None
-    finally:
-        consumer.close()
-    return InputState(
-        len(partitions), {tp.partition: max(0, tp.offset) for tp in got}, retention, owned
-    )
-
-
-def _retention(
-    consumer: Any, job: AuditJob, partitions: Sequence[int], outputs: Sequence[int]
-) -> dict[int, audit_model.Retention]:
-    """Per partition number whose input or output partition lost records to retention
-    (log start offset above 0): the log start offsets and the timestamps of the oldest
-    retained records."""
-    from confluent_kafka import TopicPartition
-
-    out: dict[int, audit_model.Retention] = {}
-    for p in sorted(set(partitions) | set(outputs)):
-        starts: dict[str, tuple[int, int | None]] = {
-            job.input_topic: (0, None),
-            job.output_topic: (0, None),
-        }
-        for topic, present in ((job.input_topic, partitions), (job.output_topic, outputs)):
-            if p not in present:
-                continue
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S
-            )
-            first = _first_record_ms(job, topic, p, low, high) if low > 0 else None
-            starts[topic] = (max(0, low), first)
-        (in_start, in_first), (out_start, out_first) = (
-            starts[job.input_topic],
-            starts[job.output_topic],
-        )
-        if in_start or out_start:
-            out[p] = audit_model.Retention(in_start, in_first, out_start, out_first)
-    return out
-
-
-def _first_record_ms(job: AuditJob, topic: str, partition: int, low: int, high: int) -> int | None:
-    """The timestamp of the oldest committed record still in a partition (None: none)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    if high <= low:
-        return None
-    consumer = Consumer(
-        {
-            "bootstrap.servers": job.kafka.bootstrap_servers,
-            **job.kafka.settings,
-            "group.id": f"dedup-reconcile-{job.run_id}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "logger": logging.getLogger("librdkafka"),
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, partition, low)])
-        deadline = time.monotonic() + METADATA_TIMEOUT_S
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                return None  # the end: nothing committed is retained
-            return int(msg.timestamp()[1])
-        raise JobError(f"no record of {topic}[{partition}] read in {METADATA_TIMEOUT_S} s")
-    finally:
-        consumer.close()
-
-
-def write_findings(spark: SparkSession, findings: DataFrame, path: str) -> None:
-    """The findings as Parquet in one file at `path`. A path on the driver's own file
-    system (no scheme, or `file:`) while executors run elsewhere (any master but
-    `local[N]`, e.g. executor pods) is written by the driver from the collected findings:
-    the executors cannot reach the driver pod's volume. They are the audit's defects (a
-    row per duplicate, missing or mismatched record), not its input. Any other path
-    (s3a:, hdfs:, ...) is written by Spark's executors."""
-    url = urlparse(path)
-    if url.scheme in ("", "file") and not (spark.sparkContext.master or "").startswith("local"):
-        import pyarrow.parquet as pq
-
-        local = Path(url.path)
-        shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
-        pq.write_table(findings.toArrow(), local / "part-00000.parquet")
-        (local / "_SUCCESS").touch()
-        return
-    findings.coalesce(1).write.mode("overwrite").parquet(path)
-
-
-def write_summary(spark: SparkSession, report_dir: str, summary: Mapping[str, Any]) -> None:
-    """`summary.json` beside the findings, through Spark's Hadoop file system API, so a
-    remote report location (s3a://, hdfs://, ...) gets it as a local directory does."""
-    context: Any = spark.sparkContext
-    path = context._jvm.org.apache.hadoop.fs.Path(f"{report_dir.rstrip('/')}/summary.json")
-    fs = path.getFileSystem(context._jsc.hadoopConfiguration())
-    out = fs.create(path, True)
-    try:
-        out.write(bytearray((json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()))
-    finally:
-        out.close()
-
-
-def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
-    """Create or replace the result ConfigMap (the operator reads it into the status)."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    from dedup_contract.kube_client import api_client
-
-    try:
-        api = api_client(job.kubeconfig or None)
-    except Exception as exc:  # the kubernetes package raises its own ConfigException
-        raise JobError(f"cannot configure the API client: {exc}") from None
-    core = client.CoreV1Api(api)
-    name = job.configmap or names.reconciliation_result(job.pipeline)
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": job.namespace,
-        "labels": {
-            names.LABEL_PIPELINE: job.pipeline,
-            names.LABEL_MANAGED_BY: names.MANAGER,
-            names.LABEL_COMPONENT: "reconciliation",
-        },
-    }
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata,
-        "data": {names.RECONCILIATION_SUMMARY_KEY: json.dumps(summary, sort_keys=True)},
-    }
-    try:
-        try:
-            current = core.read_namespaced_config_map(name, job.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            core.create_namespaced_config_map(job.namespace, cast(Any, body))
-        else:
-            # Keep what the operator added (its owner reference).
-            seen = current.metadata
-            if seen is not None:
-                metadata["ownerReferences"] = [
-                    api.sanitize_for_serialization(ref)  # type: ignore[no-untyped-call]
-                    for ref in seen.owner_references or []
-                ]
-                metadata["resourceVersion"] = seen.resource_version
-            core.replace_namespaced_config_map(name, job.namespace, cast(Any, body))
-    except ApiException as exc:
-        raise JobError(
-            f"cannot write ConfigMap {job.namespace}/{name}: {exc.status} {exc.reason}"
-        ) from None
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
 
 
 # --- command line ----------------------------------------------------------------------
@@ -773,7 +275,7 @@ def publish_summary(job: AuditJob, summary: Mapping[str, Any]) -> None:
 ALIAS = "dedup-reconcile"  # the audit's old entry point, kept for Jobs rendered before
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # size-limit: exempt (argparse builder)
     invoked = os.path.basename(sys.argv[0]) if sys.argv else ""
     p = argparse.ArgumentParser(
         prog=ALIAS if invoked == ALIAS else "dedup-audit",
@@ -934,10 +436,6 @@ def _parse_time(text: str) -> int:
     return int(parse_rfc3339(text).timestamp() * 1000)
 
 
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
 def _session(args: argparse.Namespace, app_name: str) -> SparkSession:
     from dedup_spark.session import SparkSettings, spark_session
 
@@ -981,19 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         spark.stop()
-    totals = summary["totals"]
-    code = EXIT_PASSED if summary["passed"] else EXIT_FAILED
-    if totals.get("unverifiable"):
-        log.warning(
-            "%d input record(s) could not be verified: deleted by retention before the audit "
-            "read them (findings of kind 'unverifiable' name them)",
-            totals["unverifiable"],
-            extra={"unverifiable": totals["unverifiable"], "policy": summary["unverifiable"]},
-        )
-    log.info(
-        "audit %s", "passed" if summary["passed"] else "FAILED", extra={"exit_code": code, **totals}
-    )
-    return code
+    return audit_report.exit_code(summary)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -95,7 +95,7 @@ DRIVER_RULES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = tuple(
     for resource in dict.fromkeys(r for r, _, _ in DRIVER_GRANTS)
 )
 # and what the job does with its result ConfigMap, by name: read it, then replace it
-# (`audit_job.publish_summary`; creating it when absent is `configmaps create` above:
+# (`audit_report.publish_summary`; creating it when absent is `configmaps create` above:
 # RBAC cannot limit create by name).
 RESULT_VERBS: Final = ("get", "update")
 
