@@ -75,10 +75,16 @@ _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVA
 
 @dataclass(frozen=True)
 class BatchResult:
+    """What a completed batch did: records consumed (from the input and, under ownership,
+    `received` of them from the internal topic), new ids published, duplicates dropped,
+    dead letters, and records `forwarded` to their owners."""
+
     consumed: int
     published: int
     duplicates: int
     dead_letters: int
+    received: int = 0
+    forwarded: int = 0
 
 
 @dataclass(eq=False)
@@ -116,7 +122,12 @@ class Batch:
 
     def result(self) -> BatchResult:
         return BatchResult(
-            len(self.records), len(self.new), self.duplicates, len(self.dead_letters)
+            len(self.records),
+            len(self.new),
+            self.duplicates,
+            len(self.dead_letters),
+            self.received,
+            len(self.forwards),
         )
 
     def on_last_delivery(self, err: KafkaError | None, msg: Message) -> None:
