@@ -238,7 +238,7 @@ def run(spark: SparkSession, job: AuditJob, state: InputState | None = None) -> 
             .unionByName(
                 spark.createDataFrame(
                     [audit_report.finding_row(f) for f in lost.findings],
-                    RESULT_SCHEMA + ", rows BINARY",
+                    GROUP_SCHEMA,
                 ).drop("rows")
             )
             .cache()
