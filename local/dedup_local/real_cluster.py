@@ -30,7 +30,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +37,7 @@ from .cluster.cluster import ZONES, CloudNodeLifecycle
 from .cluster.timings import ClusterTimings
 from .control_plane import ControlPlane
 from .lifecycle import Started
+from .node_images import NodeImage
 from .real_csi import STORAGE_CLASS, CsiController, CsiNodePlugin
 from .real_network import HostProxy, PodsCutOffTheApi
 from .real_node import RealNode, project_image_archive
@@ -161,6 +161,7 @@ class RealCluster(Started):
                     name,
                     labels={"topology.kubernetes.io/zone": ZONES[i % len(ZONES)]},
                     kubelet_config=fast,
+                    images=[NodeImage(archive, IMAGE_TAGS)],
                 )
                 self.nodes[name] = node
                 node.start()
@@ -171,10 +172,6 @@ class RealCluster(Started):
                 first.data_dir / "kept-pod-logs",
                 lambda: [n.data_dir / "pod-logs" for n in self.nodes.values()],
             ).start()
-            t0 = time.monotonic()
-            with ThreadPoolExecutor(len(self.nodes)) as pool:
-                list(pool.map(lambda n: n.import_image(archive, *IMAGE_TAGS), self.nodes.values()))
-            self._mark("image import (every node)", t0)
             t0 = time.monotonic()
             self.proxy = HostProxy(self.control_plane, self.nodes[self.node_names[0]]).start()
             self._mark("kube-proxy (lock + rules)", t0)

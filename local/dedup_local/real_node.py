@@ -56,6 +56,7 @@ from .host import (
     used_subnets,
 )
 from .lifecycle import Started
+from .node_images import NodeImage, plant, seed
 from .paths import MissingArtifact, free_port
 from .patience import PatientDeadline
 
@@ -306,6 +307,8 @@ class RealNode(Started):
         kubelet_config: KubeletConfiguration fields over `KUBELET_CONFIG`, e.g.
             {"nodeLeaseDurationSeconds": 4} for a fast NotReady.
         start_timeout: seconds containerd, the kubelet and the Node's Ready may take.
+        images: images the node's containerd has when it starts, beside the pause image
+            (`dedup_local.node_images`: imported once on the machine, then hard-linked).
         keep_data: keep the node's directory after `stop()` (also DEDUP_KUBE_KEEP_DATA=1).
     """
 
@@ -317,6 +320,7 @@ class RealNode(Started):
         labels: Mapping[str, str] | None = None,
         kubelet_config: Mapping[str, Any] | None = None,
         start_timeout: float = 90.0,
+        images: Sequence[NodeImage] = (),
         keep_data: bool | None = None,
     ) -> None:
         self.control_plane = control_plane
@@ -324,6 +328,7 @@ class RealNode(Started):
         self.labels = dict(labels or {})
         self.kubelet_config = {**KUBELET_CONFIG, **(kubelet_config or {})}
         self.start_timeout = start_timeout
+        self.preloaded = tuple(images)
         if keep_data is None:
             keep_data = os.environ.get("DEDUP_KUBE_KEEP_DATA", "") not in ("", "0")
         self.keep_data = keep_data
@@ -391,7 +396,7 @@ class RealNode(Started):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RealNode:
         """Make the node's directory, bridge, credentials and configuration, start
-        containerd (importing the pause image) and the kubelet; returns once the Node
+        containerd (with the pause image and `images`) and the kubelet; returns once the Node
         is Ready."""
         if self._dir is not None:
             return self
@@ -422,8 +427,10 @@ class RealNode(Started):
             self._make_bridge()
             self._write_credentials()
             self._write_configs()
+            # the pause image and `images`, as the node's disk came with them
+            seeded = seed([NodeImage(pause_image()[1]), *self.preloaded], self._tools)
+            plant(seeded, self.data_dir / "containerd" / "root")
             self._start_containerd()
-            self._import(pause_image()[1])
             self._save_kernel_tunables()
             self._start_kubelet()
             self.wait_ready()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,8 @@ import pytest
 from dedup_local.control_plane import ControlPlane
 from dedup_local.host import log_tail
 from dedup_local.image import built_ref
+from dedup_local.node_images import NodeImage
+from dedup_local.real_cluster import IMAGE_TAGS
 from dedup_local.real_csi import DRIVER, STORAGE_CLASS, CsiController, CsiNodePlugin
 from dedup_local.real_node import RealNode, project_image_archive
 from support.kube_fixtures import KubeCluster
@@ -75,14 +76,15 @@ def csi_cluster(kube: KubeCluster) -> Iterator[CsiCluster]:
         csi.start()
         timings["CSI controller side started"] = time.monotonic() - t0
         for _ in range(2):
-            node = RealNode(control_plane, kubelet_config=KUBELET_FAST)
+            # the project's image as the local cluster's nodes have it (one seed for all)
+            node = RealNode(
+                control_plane, kubelet_config=KUBELET_FAST, images=[NodeImage(archive, IMAGE_TAGS)]
+            )
             nodes.append(node)
             node.start()
             t0 = time.monotonic()
             plugins[node.name] = csi.add_node(node)
             timings[f"{node.name}: driver registered"] = time.monotonic() - t0
-        with ThreadPoolExecutor(len(nodes)) as pool:
-            list(pool.map(lambda n: n.import_image(archive), nodes))
         yield CsiCluster(control_plane, csi, nodes, plugins, image, timings)
     finally:
         for node in reversed(nodes):

@@ -22,7 +22,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ import pytest
 
 from dedup_local.control_plane import ControlPlane
 from dedup_local.image import built_ref
+from dedup_local.node_images import NodeImage
 from dedup_local.paths import versions
+from dedup_local.real_cluster import IMAGE_TAGS
 from dedup_local.real_node import RealNode, project_image_archive
 from support.kube_fixtures import KubeCluster
 from support.pod_bodies import image_pod
@@ -73,14 +74,13 @@ def real_cluster(kube: KubeCluster) -> Iterator[RealCluster]:
         control_plane.start()
         timings["control plane"] = control_plane.start_seconds
         for _ in range(2):
-            node = RealNode(control_plane, kubelet_config=KUBELET_FAST)
+            # the project's image as the local cluster's nodes have it (one seed for all)
+            node = RealNode(
+                control_plane, kubelet_config=KUBELET_FAST, images=[NodeImage(archive, IMAGE_TAGS)]
+            )
             nodes.append(node)
             node.start()
             timings[f"{node.name} ready"] = node.ready_seconds
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(len(nodes)) as pool:
-            list(pool.map(lambda n: n.import_image(archive), nodes))
-        timings["image import (both nodes)"] = time.monotonic() - t0
         yield RealCluster(control_plane, nodes, image, timings)
     finally:
         t0 = time.monotonic()
