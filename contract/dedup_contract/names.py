@@ -34,6 +34,8 @@ COMPONENT_WORKER: Final = "worker"
 
 # annotations
 ANNOTATION_SPEC_HASH: Final = "dedup.io/spec-hash"
+# on a worker pod: the release of the operator that made it (dedup_contract.release)
+ANNOTATION_OPERATOR_VERSION: Final = "dedup.io/operator-version"
 # on a Node the operator tainted out-of-service: the pipelines ("namespace/name",
 # comma-separated) that rely on that taint; it is lifted with the last of them
 ANNOTATION_TAINT_BY: Final = "dedup.io/out-of-service-taint-by"

@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import yaml
 
 from dedup_contract import kube_client, names
+from dedup_contract.release import VERSION
 from dedup_contract.timefmt import format_time
 from dedup_contract.worker_metrics import scrape
 from dedupctl import view
@@ -580,6 +581,7 @@ def parser(prog: str = "dedupctl") -> argparse.ArgumentParser:
     a.add_argument("pipeline")
     a.add_argument("--now", action="store_true", help="run the scheduled audit now and wait")
     a.add_argument("--timeout", type=float, default=900.0, help="--now: seconds to wait")
+    sub.add_parser("version", help="the release of dedupctl")
     w = sub.add_parser(
         "switch-ownership",
         parents=[common],
@@ -607,6 +609,9 @@ def fail(code: int, message: str) -> NoReturn:
 
 def main(argv: list[str] | None = None, prog: str = "dedupctl") -> int:
     args = parser(prog).parse_args(argv)
+    if args.command == "version":  # needs no cluster
+        print(f"dedupctl {VERSION}")
+        return OK
     try:
         cluster = Cluster(
             getattr(args, "kubeconfig", None),

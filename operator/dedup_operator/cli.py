@@ -335,9 +335,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         start_http_server(args.metrics_port, args.metrics_address)
     clusterwide = args.all_namespaces or not namespaces
+    from dedup_contract.release import VERSION
+
     log.info(
         "dedup-operator starting",
         extra={
+            "version": VERSION,
             "namespaces": "*" if clusterwide else ",".join(namespaces),
             "identity": identity,
             "interval_s": args.interval,

@@ -23,7 +23,7 @@ from dedup_contract.kafka_settings import unreadable_setting
 from dedup_contract.window import parse_duration_ms
 from dedup_operator.failover import FailoverPolicy, ReleaseVolume
 
-DEFAULT_IMAGE: Final = "dedup-operator:0.1.0"
+DEFAULT_IMAGE: Final = "dedup-operator:0.2.0"
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_SECRET_KEY: Final = "kafka-config"
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dedup_contract.ownership_status import STATUS_KEY as OWNERSHIP_KEY
+from dedup_contract.release import VERSION
 from dedup_contract.timefmt import format_time
 from dedup_operator import ownership_generation as ownership_mod
 from dedup_operator.actions import PassAction, RememberObjectsEnsured
@@ -254,6 +255,7 @@ def pipeline_status(
     status: dict[str, Any] = {
         "phase": phase_of(entries, bool(degraded), obs.previous.get("phase")),
         "observedGeneration": obs.generation,
+        "operatorVersion": VERSION,
         "readyPartitions": sum(1 for e in entries if e.ready),
         "duplicatesDropped": sum(c.duplicates for c in counters.values()),
         "recordsIn": sum(c.records_in for c in counters.values()),
@@ -313,6 +315,7 @@ def invalid_spec_status(
     return {
         "phase": "Failed",
         "observedGeneration": generation,
+        "operatorVersion": VERSION,
         "conditions": merge_conditions(
             previous.get("conditions") or [], conditions, generation, now
         ),

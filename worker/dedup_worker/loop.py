@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from dedup_contract import batch as batch_rules
 from dedup_contract import faults, ownership
 from dedup_contract.batch import Triage, select_new, triage
+from dedup_contract.release import VERSION
 from dedup_contract.store import Store
 from dedup_worker import routing
 from dedup_worker.config import WorkerConfig
@@ -209,6 +210,7 @@ class DedupWorker:
         log.info(
             "worker ready",
             extra={
+                "version": VERSION,
                 "pipeline": cfg.pipeline,
                 "partition": cfg.partition,
                 "input_offset": resume.get((cfg.input_topic, cfg.partition)),

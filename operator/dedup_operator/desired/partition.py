@@ -17,6 +17,7 @@ from typing import Any
 
 from dedup_contract import names
 from dedup_contract.kafka_settings import format_kafka_settings
+from dedup_contract.release import VERSION
 from dedup_operator.desired.owner import Owner, metadata
 from dedup_operator.spec import PipelineSpec
 
@@ -271,7 +272,10 @@ def worker_pod(
             names.worker_pod(spec.name, partition, epoch),
             owner,
             names.worker_labels(spec.name, partition, epoch),
-            {names.ANNOTATION_SPEC_HASH: template_hash(spec, partition)},
+            {
+                names.ANNOTATION_SPEC_HASH: template_hash(spec, partition),
+                names.ANNOTATION_OPERATOR_VERSION: VERSION,
+            },
         ),
         "spec": pod_spec,
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,9 @@ def test_the_charts_crds_are_the_top_level_crds() -> None:
         )
 
 
-def test_app_version_is_the_projects_version() -> None:
+def test_the_chart_is_named_and_a_v2_chart() -> None:
+    """(Its versions are the release's: tests/unit/project/test_release.py.)"""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert chart["appVersion"] == project["version"] == "0.1.0"
     assert chart["apiVersion"] == "v2" and chart["name"] == "dedup-operator"
 
 
