@@ -436,6 +436,9 @@ class Store:
             meta = _metadata(db)
         self._switching = opening is fmt.Opening.SWITCH
         fmt.check_owner(meta, self._path, self._owner, self._ownership, switching=self._switching)
+        writer = fmt.writer_record()
+        if meta.get(writer[0]) != writer[1]:
+            self._write([writer])
         recorded = fmt.read_recorded(meta)
         self._input_next_offset = recorded.input_next_offset
         self._output_next_offset = recorded.output_next_offset

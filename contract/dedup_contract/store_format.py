@@ -23,6 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Final, TypeAlias
 
+from dedup_contract.release import VERSION
 from dedup_contract.window import Generation
 
 FORMAT_VERSION: Final = 1
@@ -31,7 +32,14 @@ FORMAT_VERSION_OWNED: Final = 2
 """A store of a worker under ownership (`Ownership`): its ids are those it owns. A worker
 of a commit before ownership reads format 1 only, so it refuses such a store."""
 
+NEWEST_FORMAT: Final = FORMAT_VERSION_OWNED
+"""The newest format this code reads: a store of a newer one was written by a newer
+release, and is refused with both releases named (`refusal`)."""
+
 FORMAT_KEY: Final = b"format"
+WRITER_KEY: Final = b"writer"
+"""The release (dedup_contract.release) of the worker that last opened the store to write
+it. Releases before 0.2.0 did not record it (and ignore it)."""
 OWNER_KEY: Final = b"owner"
 OWNERSHIP_KEY: Final = b"ownership"
 INPUT_OFFSET_KEY: Final = b"offset/input"
@@ -124,12 +132,35 @@ def opening(
     if switch and ownership is not None and recorded == str(FORMAT_VERSION).encode():
         return Opening.SWITCH
     if recorded != str(format_version(ownership)).encode():
-        raise StoreError(refusal(path, recorded.decode(errors="replace"), ownership))
+        writer = meta.get(WRITER_KEY)
+        raise StoreError(
+            refusal(
+                path,
+                recorded.decode(errors="replace"),
+                ownership,
+                writer=None if writer is None else writer.decode(errors="replace"),
+            )
+        )
     return Opening.OPEN
 
 
-def refusal(path: Path, recorded: str, ownership: Ownership | None) -> str:
-    """Why a store of format ``recorded`` is refused by a worker under ``ownership``."""
+def refusal(
+    path: Path,
+    recorded: str,
+    ownership: Ownership | None,
+    *,
+    writer: str | None = None,
+    this_release: str = VERSION,
+) -> str:
+    """Why a store of format ``recorded`` (last written by release ``writer``, where
+    recorded) is refused by a worker of ``this_release`` under ``ownership``."""
+    if recorded.isdigit() and int(recorded) > NEWEST_FORMAT:
+        return (
+            f"store at {path} has format {recorded}, written by release "
+            f"{writer or 'unknown'}; this worker is release {this_release} and reads formats "
+            f"up to {NEWEST_FORMAT}: a newer release wrote it (StoreTooNew; run that release "
+            "or a later one)"
+        )
     if ownership is None and recorded == str(FORMAT_VERSION_OWNED):
         return (
             f"store at {path} has format {recorded}: it was written under "
@@ -183,6 +214,11 @@ def initial_records(owner: StoreOwner, ownership: Ownership | None) -> list[Reco
     if ownership is not None:
         records.append((OWNERSHIP_KEY, str(ownership).encode()))
     return records
+
+
+def writer_record(release: str = VERSION) -> Record:
+    """The metadata naming the release that opens the store to write it."""
+    return (WRITER_KEY, release.encode())
 
 
 def switched_records(ownership: Ownership) -> list[Record]:

@@ -12,6 +12,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from dedup_contract.ids import id_key
+from dedup_contract.release import VERSION
 from dedup_contract.store import (
     PARALLEL_LOOKUP_MIN,
     MiB,
@@ -148,6 +149,19 @@ def test_unknown_format_is_refused(path: Path) -> None:
     with Rdict(str(path), Options(raw_mode=True)) as raw:
         raw[b"format"] = b"99"
     with pytest.raises(StoreError, match="format 99"):
+        reopen(path)
+
+
+def test_each_open_records_the_release_that_writes_the_store(path: Path) -> None:
+    reopen(path).close()
+    with Rdict(str(path), Options(raw_mode=True)) as raw:
+        assert raw[b"writer"] == VERSION.encode()
+        raw[b"writer"] = b"0.1.9"  # an older release opened it since
+    reopen(path).close()
+    with Rdict(str(path), Options(raw_mode=True)) as raw:
+        assert raw[b"writer"] == VERSION.encode()
+        raw[b"format"], raw[b"writer"] = b"7", b"9.0.0"  # a newer release's format
+    with pytest.raises(StoreError, match=f"release 9.0.0; this worker is release {VERSION}"):
         reopen(path)
 
 

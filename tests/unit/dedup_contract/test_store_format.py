@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dedup_contract import store, store_format
+from dedup_contract.release import VERSION
 from dedup_contract.store_format import (
     FORMAT_KEY,
     FORMAT_VERSION,
@@ -145,12 +146,30 @@ def test_data_without_a_format_record_is_refused() -> None:
         store_format.opening(meta, PATH, None, switch=False)
 
 
-def test_a_too_new_format_is_refused() -> None:
-    meta = {**created(), FORMAT_KEY: b"99"}
-    with pytest.raises(StoreError, match="has format 99; this worker reads format 1"):
+def test_a_too_new_format_is_refused_naming_both_releases() -> None:
+    meta = {**created(), FORMAT_KEY: b"99", store_format.WRITER_KEY: b"9.0.0"}
+    for ownership in (None, OWNED):
+        with pytest.raises(StoreError) as refused:
+            store_format.opening(meta, PATH, ownership, switch=True)
+        assert str(refused.value) == (
+            f"store at {PATH} has format 99, written by release 9.0.0; this worker is "
+            f"release {VERSION} and reads formats up to 2: a newer release wrote it "
+            "(StoreTooNew; run that release or a later one)"
+        )
+    del meta[store_format.WRITER_KEY]  # a store of a release that did not record it
+    with pytest.raises(StoreError, match="written by release unknown"):
         store_format.opening(meta, PATH, None, switch=False)
-    with pytest.raises(StoreError, match="has format 99; this worker reads format 2"):
-        store_format.opening(meta, PATH, OWNED, switch=True)
+
+
+def test_an_other_unknown_format_names_the_one_read() -> None:
+    meta = {**created(), FORMAT_KEY: b"x"}
+    with pytest.raises(StoreError, match="has format x; this worker reads format 1"):
+        store_format.opening(meta, PATH, None, switch=False)
+
+
+def test_the_writer_record_names_this_release() -> None:
+    assert store_format.writer_record() == (store_format.WRITER_KEY, VERSION.encode())
+    assert store_format.writer_record("0.3.1") == (b"writer", b"0.3.1")
 
 
 def test_an_ownership_store_is_refused_without_ownership() -> None:
