@@ -71,6 +71,11 @@ ABORT_FLUSH_S = 10.0  # before a deliberate abort: the open transaction's record
 FORWARDING_CRASH = "forwarding"  # test-only fault point: between two forwarded records
 
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+FATAL_SETTLE_S = 1.0
+"""How long a `_STATE` error waits for the fatal error it may be the first sign of: a
+fence met by librdkafka's thread moves the transaction to its fatal state before it sets
+the producer's fatal error, and a `produce` in between fails with `_STATE` ("Erroneous
+state"), not `_FATAL` (CI, 2026-12-05: a fenced worker exited 6, "kafka failed")."""
 
 
 @dataclass(frozen=True)
@@ -474,18 +479,38 @@ class Publisher:
         if not isinstance(err, KafkaError):
             return
         code = err.code()
-        if code not in _FENCED_CODES and not err.fatal() and code != KafkaError._FATAL:
+        # _FATAL and _STATE name no reason: the producer's fatal error, served to the
+        # error callback, does (for _STATE, only if it comes: see FATAL_SETTLE_S)
+        # (an abortable _STATE is a transaction's own, aborted and redone by the caller)
+        unnamed = code == KafkaError._FATAL or (
+            code == KafkaError._STATE and not err.txn_requires_abort()
+        )
+        if code not in _FENCED_CODES and not err.fatal() and not unnamed:
             return
-        if code == KafkaError._FATAL and self._fatal is None and self._producer is not None:
-            try:
-                self._producer.poll(0)  # serves the fatal error: to the callback, or raised
-            except KafkaException as served:
-                self._on_kafka_error(served.args[0] if served.args else None)
-        cause = self._fatal if code == KafkaError._FATAL and self._fatal is not None else err
+        if unnamed and self._fatal is None:
+            self._serve_fatal(FATAL_SETTLE_S if code == KafkaError._STATE else 0.0)
+        if code == KafkaError._STATE and self._fatal is None:
+            return  # a state error of its own, not a fence
+        cause = self._fatal if unnamed and self._fatal is not None else err
         raise self.fenced(
             f"another worker took over transactional id {self.config.transactional_id} "
             f"({cause.str()}; learned during {during}); this one must stop"
         ) from exc
+
+    def _serve_fatal(self, wait_s: float) -> None:
+        """Poll the producer, which serves a fatal error to `_on_kafka_error` (or raises
+        it), until it has one or `wait_s` passed (at least one poll)."""
+        if self._producer is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._producer.poll(0)
+            except KafkaException as served:
+                self._on_kafka_error(served.args[0] if served.args else None)
+            if self._fatal is not None or time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
     def _on_kafka_error(self, err: KafkaError | None) -> None:
         """The producer's error callback: remembers its fatal error (a fence), and tells

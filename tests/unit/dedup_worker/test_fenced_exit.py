@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from dedup_contract.batch import select_new, triage
 from dedup_contract.ids import IdSpec
 from dedup_contract.window import WindowPolicy
+from dedup_worker import transaction
 from dedup_worker.config import WorkerConfig
 from dedup_worker.fencing import Fenced
 from dedup_worker.lease import Hold
@@ -192,6 +193,35 @@ def test_fatal_reason_served_later_names_the_real_cause(tmp_path: Path) -> None:
     made[0].served = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
     with pytest.raises(Fenced, match="fenced by a newer instance"):
         send_one(pub)
+    pub.close()
+
+
+def test_a_state_error_raced_by_the_fence_is_the_fence(tmp_path: Path) -> None:
+    """librdkafka's thread moves the transaction to its fatal state before it sets the
+    producer's fatal error; a produce in between says only _STATE. The fatal error that
+    follows names the fence."""
+    raced = KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state")
+    pub, made = publisher(tmp_path, "begin_transaction", raced)
+    pub.open()
+    made[0].served = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    with pytest.raises(Fenced, match="fenced by a newer instance"):
+        send_one(pub)
+    assert pub.metrics.fencing_events._value.get() == 1
+    pub.close()
+
+
+@pytest.mark.parametrize("abortable", [False, True])
+def test_a_state_error_without_a_fatal_error_is_not_a_fence(
+    tmp_path: Path, abortable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transaction, "FATAL_SETTLE_S", 0.05)
+    err = KafkaError(KafkaError._STATE, "not in a transaction", txn_requires_abort=abortable)
+    pub, _ = publisher(tmp_path, "begin_transaction", err)
+    pub.open()
+    with pytest.raises(KafkaException) as raised:
+        send_one(pub)
+    assert not isinstance(raised.value, Fenced) and raised.value.args[0] is err
+    assert pub.fence is None and pub.metrics.fencing_events._value.get() == 0
     pub.close()
 
 
