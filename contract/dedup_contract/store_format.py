@@ -36,6 +36,10 @@ NEWEST_FORMAT: Final = FORMAT_VERSION_OWNED
 """The newest format this code reads: a store of a newer one was written by a newer
 release, and is refused with both releases named (`refusal`)."""
 
+STORE_TOO_NEW: Final = "StoreTooNew"
+"""In the refusal of a store a newer release wrote: the operator's condition reads it from
+the worker's last lines (its termination message)."""
+
 FORMAT_KEY: Final = b"format"
 WRITER_KEY: Final = b"writer"
 """The release (dedup_contract.release) of the worker that last opened the store to write
@@ -158,7 +162,7 @@ def refusal(
         return (
             f"store at {path} has format {recorded}, written by release "
             f"{writer or 'unknown'}; this worker is release {this_release} and reads formats "
-            f"up to {NEWEST_FORMAT}: a newer release wrote it (StoreTooNew; run that release "
+            f"up to {NEWEST_FORMAT}: a newer release wrote it ({STORE_TOO_NEW}; run that release "
             "or a later one)"
         )
     if ownership is None and recorded == str(FORMAT_VERSION_OWNED):

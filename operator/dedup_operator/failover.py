@@ -199,6 +199,9 @@ class PodView:
     unschedulable_since: datetime | None = None
     ip: str | None = None  # where its /metrics are scraped
     uid: str | None = None  # a delete is conditional on it (never a same-named successor)
+    # The worker's refusal of a store a newer release wrote, from its container's last
+    # termination (observed.store_too_new): the pipeline's StoreTooNew condition.
+    store_too_new: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ operator process can know. The caller passes its `LeaseClock` (the observation m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from dedup_contract import names
+from dedup_contract.exit_codes import EXIT_STORE
 from dedup_contract.lease_clock import LeaseClock, LeaseStamp, is_free
+from dedup_contract.store_format import STORE_TOO_NEW
 from dedup_contract.timefmt import parse_time
 from dedup_operator.failover import (
     OUT_OF_SERVICE_TAINT,
@@ -164,7 +167,34 @@ def pod_view(pod: Obj, epoch: int, spec_hash_annotation: str | None = None) -> P
         ),
         ip=status.get("podIP") or None,
         uid=meta.get("uid"),
+        store_too_new=store_too_new(status),
     )
+
+
+def store_too_new(status: Obj) -> str | None:
+    """The worker's refusal of a store that a newer release wrote, when its container's
+    current or last termination was that refusal (exit code 5 and the `StoreTooNew` mark
+    in its termination message, its last log lines): the refusal's text."""
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") != names.CONTAINER:
+            continue
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            terminated = state.get("terminated") or {}
+            if terminated.get("exitCode") != EXIT_STORE:
+                continue
+            for line in reversed(str(terminated.get("message") or "").splitlines()):
+                if STORE_TOO_NEW in line:
+                    return _log_message(line)
+    return None
+
+
+def _log_message(line: str) -> str:
+    """A worker's log line's message (its lines are JSON objects; else the line)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line.strip()
+    return str(record.get("message", line)).strip() if isinstance(record, dict) else line
 
 
 def lease_view(lease: Obj, clock: LeaseClock | None = None) -> LeaseView:

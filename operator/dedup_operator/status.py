@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dedup_contract.ownership_status import STATUS_KEY as OWNERSHIP_KEY
 from dedup_contract.release import VERSION
+from dedup_contract.store_format import STORE_TOO_NEW
 from dedup_contract.timefmt import format_time
 from dedup_operator import ownership_generation as ownership_mod
 from dedup_operator.actions import PassAction, RememberObjectsEnsured
@@ -182,6 +183,21 @@ def handover_status(decision: Decision) -> dict[str, Any] | None:
     return decision.handover.to_status() if decision.handover else None
 
 
+def store_too_new_condition(pods: Mapping[int, Sequence[PodView]]) -> Condition | None:
+    """StoreTooNew while a partition's worker refused its store as written by a newer
+    release (a rollback past a finalized upgrade): the workers cannot run until that
+    release (or a later one) runs them. Absent otherwise."""
+    refused = [
+        f"p{p}: {view.store_too_new}"
+        for p, views in sorted(pods.items())
+        for view in views
+        if view.store_too_new and not view.deleting
+    ]
+    if not refused:
+        return None
+    return Condition(STORE_TOO_NEW, True, STORE_TOO_NEW, "; ".join(refused)[:4000])
+
+
 def partition_status(
     p: int, pods: list[PodView], decision: Decision, previous: Mapping[str, Any]
 ) -> PartitionStatus:
@@ -238,6 +254,9 @@ def pipeline_status(
         if not v.deleting
     )
     topic_condition = Condition("TopicReady", topic.ok, topic.reason, topic.message)
+    too_new = store_too_new_condition(obs.pods)
+    if too_new is not None:
+        degraded.append(too_new.message)
     conditions = summary_conditions(
         entries, obs.spec.partitions, topic_condition, degraded, spec_current
     )
@@ -252,6 +271,8 @@ def pipeline_status(
         conditions.append(switching)
     if audit_condition is not None:
         conditions.append(audit_condition)
+    if too_new is not None:
+        conditions.append(too_new)
     status: dict[str, Any] = {
         "phase": phase_of(entries, bool(degraded), obs.previous.get("phase")),
         "observedGeneration": obs.generation,

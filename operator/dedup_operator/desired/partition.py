@@ -176,6 +176,9 @@ def worker_pod_template(spec: PipelineSpec, partition: int) -> dict[str, Any]:
             }
         ],
         "resources": spec.worker.resources.as_dict(),
+        # a worker that exits on an error leaves its last lines (its one ERROR line) in
+        # its status: how the operator learns a store was refused (StoreTooNew)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": names.STORE_VOLUME, "mountPath": names.STORE_MOUNT},
             {"name": names.TMP_VOLUME, "mountPath": "/tmp"},

@@ -77,6 +77,29 @@ def test_pod_view() -> None:
     )
 
 
+def test_a_worker_exited_on_a_newer_releases_store_is_read_from_its_termination() -> None:
+    line = (
+        '{"level": "ERROR", "logger": "dedup_worker", "message": "store refused: store at '
+        "/var/lib/dedup/store has format 3, written by release 0.3.0; this worker is release "
+        '0.2.0 and reads formats up to 2: a newer release wrote it (StoreTooNew; ...)"}'
+    )
+
+    def pod(state: str, exit_code: int, message: str) -> dict[str, object]:
+        terminated = {"terminated": {"exitCode": exit_code, "message": message}}
+        container = {"name": "worker", state: terminated}
+        return {"metadata": {"name": "p"}, "status": {"containerStatuses": [container]}}
+
+    found = pod_view(pod("lastState", 5, f'{{"message": "opening"}}\n{line}\n'), 1)
+    assert found.store_too_new is not None
+    assert found.store_too_new.startswith("store refused: store at /var/lib/dedup/store")
+    assert "release 0.3.0" in found.store_too_new and "StoreTooNew" in found.store_too_new
+    assert pod_view(pod("state", 5, line), 1).store_too_new == found.store_too_new
+    assert pod_view(pod("lastState", 3, line), 1).store_too_new is None  # fenced, not this
+    other = '{"message": "store refused: store at /s belongs to analytics/other/p0"}'
+    assert pod_view(pod("lastState", 5, other), 1).store_too_new is None  # another refusal
+    assert pod_view({"metadata": {"name": "p"}}, 1).store_too_new is None
+
+
 def test_lease_view_and_expiry() -> None:
     lease = {
         "spec": {

@@ -4,11 +4,13 @@ and the status composed at the end. Pure: no cluster, no clock."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dedup_contract import names
 from dedup_contract.handover import HandoverReason
+from dedup_contract.release import VERSION
 from dedup_operator.desired.partition import template_hash
 from dedup_operator.failover import (
     CreatePod,
@@ -207,6 +209,25 @@ def test_status_sums_the_workers_counters_and_keeps_the_tainted_list_given() -> 
     assert status["phase"] == "Running" and status["readyPartitions"] == 2
     assert [p["lag"] for p in status["partitions"]] == [5, 0]
     assert "lastReconciliation" not in status
+
+
+def test_a_worker_that_refused_a_newer_releases_store_is_the_condition_store_too_new() -> None:
+    refusal = "store at /var/lib/dedup/store has format 3, written by release 0.3.0; ..."
+    refused = replace(worker(1, 1, "n2", ready=False), store_too_new=refusal)
+    obs = observation(pods={0: (worker(0, 1, "n1"),), 1: (refused,)})
+    status = pipeline_status(obs, plan_pass(obs, NOW), {}, [], None, None, NOW)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["StoreTooNew"]["status"] == "True"
+    assert conditions["StoreTooNew"]["reason"] == "StoreTooNew"
+    assert conditions["StoreTooNew"]["message"] == f"p1: {refusal}"
+    assert (
+        conditions["Degraded"]["status"] == "True" and refusal in conditions["Degraded"]["message"]
+    )
+    assert status["phase"] == "Degraded"
+    healthy = observation()  # the condition goes once no worker refuses its store
+    status = pipeline_status(healthy, plan_pass(healthy, NOW), {}, [], None, None, NOW)
+    assert "StoreTooNew" not in {c["type"] for c in status["conditions"]}
+    assert status["operatorVersion"] == VERSION
 
 
 def test_the_next_pass_is_due_at_once_after_acting_else_when_a_wait_runs_out() -> None:
