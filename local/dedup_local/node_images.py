@@ -3,7 +3,7 @@
 A real cluster's nodes each pull what they run, or boot from a disk image with it
 pre-pulled. Here, `ctr images import` of the project's image (about 1.6 GB: its blobs
 written and hashed, then unpacked into overlayfs snapshots) into every node's containerd
-cost about 40 s of both cores a node, eleven nodes a run of the suite (the demo's three,
+cost about 30 CPU-seconds a node, eleven nodes a run of the suite (the demo's three,
 the local cluster's four, the bare real nodes' four), most of it while other groups
 started (issue 46). So a node's containerd starts from a *seed*:
 
@@ -141,21 +141,25 @@ def _outdated(seed_root: Path) -> bool:
     return not all(Path(a).is_file() for a in archives)
 
 
-def _import_into(work: Path, images: Sequence[NodeImage], tools: Mapping[str, Path]) -> None:
-    """A throwaway containerd with its root at `work/root` imports and tags `images`,
-    then stops (its databases closed)."""
-    socket = work / "c.sock"
-    config = work / "containerd.toml"
-    config.write_text(
-        f"""\
-# the seed's containerd (dedup_local.node_images): imports, then stops
+def containerd_config(comment: str, *, root: Path, state: Path, socket: Path, cri: bool) -> str:
+    """What a node's containerd and the seed's share of their configuration (the seed's
+    without the CRI plugin, so that both unpack into the same snapshotter the same way): its
+    own root, state and socket, no other endpoint, the plugins this host cannot use off."""
+    disabled = [
+        *(() if cri else ("io.containerd.grpc.v1.cri",)),
+        "io.containerd.snapshotter.v1.aufs",
+        "io.containerd.snapshotter.v1.btrfs",
+        "io.containerd.snapshotter.v1.zfs",
+        "io.containerd.snapshotter.v1.devmapper",
+        "io.containerd.tracing.processor.v1.otlp",
+        "io.containerd.internal.v1.tracing",
+    ]
+    return f"""\
+# {comment}
 version = 2
-root = "{work / "root"}"
-state = "{work / "state"}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs",
-                    "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-                    "io.containerd.snapshotter.v1.devmapper",
-                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+root = "{root}"
+state = "{state}"
+disabled_plugins = {json.dumps(disabled)}
 [grpc]
   address = "{socket}"
 [ttrpc]
@@ -165,6 +169,21 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 [metrics]
   address = ""
 """
+
+
+def _import_into(work: Path, images: Sequence[NodeImage], tools: Mapping[str, Path]) -> None:
+    """A throwaway containerd with its root at `work/root` imports and tags `images`,
+    then stops (its databases closed)."""
+    socket = work / "c.sock"
+    config = work / "containerd.toml"
+    config.write_text(
+        containerd_config(
+            "the seed's containerd (dedup_local.node_images): imports, then stops",
+            root=work / "root",
+            state=work / "state",
+            socket=socket,
+            cri=False,
+        )
     )
     log_path = work / "containerd.log"
     with log_path.open("wb") as log:

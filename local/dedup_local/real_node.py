@@ -56,7 +56,7 @@ from .host import (
     used_subnets,
 )
 from .lifecycle import Started
-from .node_images import NodeImage, plant, seed
+from .node_images import NodeImage, containerd_config, plant, seed
 from .paths import MissingArtifact, free_port
 from .patience import PatientDeadline
 
@@ -710,23 +710,16 @@ class RealNode(Started):
         ctd = d / "containerd"
         ctd.mkdir()
         cri = 'plugins."io.containerd.grpc.v1.cri"'
+        base = containerd_config(
+            f"containerd of node {self.name} (dedup_local.real_node): its own root, state, socket.",
+            root=ctd / "root",
+            state=ctd / "state",
+            socket=self.containerd_socket,
+            cri=True,
+        )
         (d / "containerd.toml").write_text(
-            f"""\
-# containerd of node {self.name} (dedup_local.real_node): its own root, state, socket.
-version = 2
-root = "{ctd / "root"}"
-state = "{ctd / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = ""
-[debug]
-  address = ""
-[metrics]
-  address = ""
+            base
+            + f"""\
 [plugins."io.containerd.internal.v1.opt"]
   path = "{ctd / "opt"}"
 [{cri}]

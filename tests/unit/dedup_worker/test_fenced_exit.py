@@ -186,22 +186,19 @@ def test_an_abortable_commit_error_is_redone_not_a_fence(tmp_path: Path) -> None
     pub.close()
 
 
-def test_fatal_reason_served_later_names_the_real_cause(tmp_path: Path) -> None:
-    produce_failed = KafkaError(KafkaError._FATAL, "Unable to produce")
+@pytest.mark.parametrize(
+    "produce_failed",
+    [
+        KafkaError(KafkaError._FATAL, "Unable to produce"),
+        # librdkafka's thread moves the transaction to its fatal state before it sets
+        # the producer's fatal error: a produce in between says only _STATE
+        KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state"),
+    ],
+)
+def test_fatal_reason_served_later_names_the_real_cause(
+    tmp_path: Path, produce_failed: KafkaError
+) -> None:
     pub, made = publisher(tmp_path, "begin_transaction", produce_failed)
-    pub.open()
-    made[0].served = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
-    with pytest.raises(Fenced, match="fenced by a newer instance"):
-        send_one(pub)
-    pub.close()
-
-
-def test_a_state_error_raced_by_the_fence_is_the_fence(tmp_path: Path) -> None:
-    """librdkafka's thread moves the transaction to its fatal state before it sets the
-    producer's fatal error; a produce in between says only _STATE. The fatal error that
-    follows names the fence."""
-    raced = KafkaError(KafkaError._STATE, "Unable to produce message: Local: Erroneous state")
-    pub, made = publisher(tmp_path, "begin_transaction", raced)
     pub.open()
     made[0].served = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
     with pytest.raises(Fenced, match="fenced by a newer instance"):
