@@ -35,11 +35,18 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .host import RealNodeError, log_tail, nodes_dir, run_command
+from .host import (
+    RealNodeError,
+    log_tail,
+    may_die_with_parent,
+    nodes_dir,
+    run_command,
+    spawn_logged,
+)
 
 SEED_FORMAT = "1"
 """Changes when what a seed holds or how it is made changes: older seeds are not used."""
@@ -97,11 +104,7 @@ def _containerd_identity(containerd: Path) -> dict[str, str]:
     return {"path": str(containerd), "size": str(st.st_size), "mtime": str(int(st.st_mtime))}
 
 
-def seed(
-    images: Sequence[NodeImage],
-    tools: Mapping[str, Path],
-    say: Callable[[str], object] | None = None,
-) -> Path:
+def seed(images: Sequence[NodeImage], tools: Mapping[str, Path]) -> Path:
     """The seed holding `images` (made now if missing); `tools` names containerd and
     ctr. Returns the seed's containerd root."""
     key = seed_key(images, _containerd_identity(tools["containerd"]))
@@ -111,9 +114,9 @@ def seed(
     with _seeds_lock(exclusive=True):
         if root.is_dir():  # made by another process while this one waited
             return root
-        t0 = time.monotonic()
+        for cut_short in seeds_dir().glob(".making-*"):  # a making killed midway
+            shutil.rmtree(cut_short, ignore_errors=True)  # (none runs: the lock is ours)
         work = seeds_dir() / f".making-{key}-{os.getpid()}"
-        shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         try:
             _import_into(work, images, tools)
@@ -126,8 +129,6 @@ def seed(
         for old in seeds_dir().iterdir():
             if old.is_dir() and not old.name.startswith(".") and _outdated(old):
                 shutil.rmtree(old, ignore_errors=True)
-        if say is not None:
-            say(f"node images: seed {key} made in {time.monotonic() - t0:.0f}s")
     return root
 
 
@@ -186,19 +187,19 @@ def _import_into(work: Path, images: Sequence[NodeImage], tools: Mapping[str, Pa
         )
     )
     log_path = work / "containerd.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(tools["containerd"]), f"--config={config}", "--log-level=warn"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    # its own process group, killed with this process (host.spawn_logged)
+    proc = spawn_logged(
+        "seed containerd",
+        [str(tools["containerd"]), f"--config={config}", "--log-level=warn"],
+        log_path,
+        work,
+        may_die_with_parent(),
+    )
     ctr = [str(tools["ctr"]), f"--address={socket}", "-n", NAMESPACE]
     try:
         deadline = time.monotonic() + 120
         while not _serving(ctr):
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if not proc.alive() or time.monotonic() > deadline:
                 raise RealNodeError(
                     f"the node images' containerd did not serve {socket}; "
                     f"last lines of {log_path}:\n{log_tail(log_path)}"
@@ -212,12 +213,7 @@ def _import_into(work: Path, images: Sequence[NodeImage], tools: Mapping[str, Pa
             for tag in image.tags:
                 run_command([*ctr, "images", "tag", "--force", names[0], tag])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        proc.terminate(grace=30.0)  # SIGTERM: its databases closed before the copy
 
 
 def _serving(ctr: list[str]) -> bool:
