@@ -16,6 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from dedup_contract import names
+from dedup_contract.release import VERSION
 from dedup_local.chart import CHART, INSTALL_YAML, helm, install_yaml, template
 from dedup_local.paths import free_port
 
@@ -112,7 +113,8 @@ def test_the_operator_deployment() -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == 2
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/dedup-operator/dedup-operator:0.1.0"
+    # the default tag is the release's (appVersion: tests/unit/project/test_release.py)
+    assert container["image"] == f"ghcr.io/dedup-operator/dedup-operator:{VERSION}"
     assert container["imagePullPolicy"] == "IfNotPresent"
     assert container["args"][:2] == ["dedup-operator", "--all-namespaces"]
     assert "--health-port=8080" in container["args"] and "--metrics-port=8080" in container["args"]
