@@ -439,7 +439,7 @@ def cleanup_uninterrupted() -> Iterator[contextlib.ExitStack]:
 def run(png: Path) -> int:
     rng = random.Random(42)
     with cleanup_uninterrupted() as stack:
-        image = ensure_image()  # each node imports it
+        image = ensure_image()  # each node starts with it (dedup_local.node_images)
         cluster = RealCluster(
             nodes=3,
             timings=ClusterTimings.fast(),

@@ -47,3 +47,15 @@ def test_the_changelog_leads_with_this_release_and_keeps_each_released_crd() -> 
     assert releases[1:2] == [max(kept, key=lambda v: tuple(map(int, v.split("."))))], (
         "the release before this one has its CRD in crds/released/"
     )
+
+
+def test_the_images_the_docs_and_examples_name_are_this_releases() -> None:
+    """A pipeline copied from the README or an example runs this release's worker."""
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").iterdir()]
+    stale = [
+        f"{page.relative_to(ROOT)}: dedup-operator:{found}"
+        for page in pages
+        for found in re.findall(r"dedup-operator:(\d+\.\d+\.\d+)", page.read_text())
+        if found != VERSION
+    ]
+    assert stale == [], f"images of another release than {VERSION}: {stale}"
