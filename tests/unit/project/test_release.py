@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from dedup_local.paths import versions
 from dedup_operator.spec import DEFAULT_IMAGE
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,3 +60,12 @@ def test_the_images_the_docs_and_examples_name_are_this_releases() -> None:
         if found != VERSION
     ]
     assert stale == [], f"images of another release than {VERSION}: {stale}"
+
+
+def test_the_previous_release_is_pinned_to_a_commit() -> None:
+    """versions.env names the release before this one and its commit (what an upgrade
+    test installs first); CHANGELOG.md's second entry and crds/released/ agree."""
+    pins = versions()
+    assert pins["PREVIOUS_RELEASE"] == changelog_releases()[1]
+    assert (ROOT / "crds" / "released" / pins["PREVIOUS_RELEASE"]).is_dir()
+    assert re.fullmatch(r"[0-9a-f]{40}", pins["PREVIOUS_RELEASE_COMMIT"])
