@@ -224,8 +224,22 @@ def render(crds: Sequence[Schema]) -> str:
             f"categories {', '.join(code(c) for c in names.get('categories') or []) or 'none'}.",
             "",
         ]
+        rendered: list[Schema] = []
         for version in crd["spec"]["versions"]:
-            lines += version_section(crd, version)
+            same = next((r for r in rendered if r["schema"] == version["schema"]), None)
+            if same is None:
+                lines += version_section(crd, version)
+                rendered.append(version)
+                continue
+            lines += [
+                f"## {names['kind']} {crd['spec']['group']}/{version['name']}",
+                "",
+                f"Served: {'yes' if version.get('served') else 'no'}; "
+                f"stored: {'yes' if version.get('storage') else 'no'}; the same schema as "
+                f"`{crd['spec']['group']}/{same['name']}` above (no conversion: an object "
+                "reads the same at either version).",
+                "",
+            ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -16,6 +16,12 @@ from typing import Final
 
 GROUP: Final = "dedup.io"
 VERSION: Final = "v1alpha1"
+"""The version the operator, the workers and dedupctl talk: served beside STORAGE_VERSION
+with the same schema (no conversion), so every object is seen whatever it is stored at."""
+STORAGE_VERSION: Final = "v1beta1"
+"""The version the API server stores DedupPipelines at (crds/; the storage migration of
+dedup_operator.storage_version moves those written before it)."""
+CRD_NAME: Final = "deduppipelines.dedup.io"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "DedupPipeline"
 PLURAL: Final = "deduppipelines"
@@ -36,6 +42,9 @@ COMPONENT_WORKER: Final = "worker"
 ANNOTATION_SPEC_HASH: Final = "dedup.io/spec-hash"
 # on a worker pod: the release of the operator that made it (dedup_contract.release)
 ANNOTATION_OPERATOR_VERSION: Final = "dedup.io/operator-version"
+ANNOTATION_STORED_VERSION: Final = "dedup.io/stored-version"
+"""On a DedupPipeline: the storage version the operator rewrote it at (the write that moves
+an object stored at an older version to the storage version)."""
 # on a Node the operator tainted out-of-service: the pipelines ("namespace/name",
 # comma-separated) that rely on that taint; it is lifted with the last of them
 ANNOTATION_TAINT_BY: Final = "dedup.io/out-of-service-taint-by"

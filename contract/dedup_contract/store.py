@@ -143,6 +143,7 @@ class Store:
         cf_options: Options,
         ownership: Ownership | None = None,
         switch: bool = False,
+        finalized: bool = False,
     ) -> None:
         """Use ``Store.open``."""
         self._path = path
@@ -150,6 +151,7 @@ class Store:
         self._owner = owner
         self._ownership = ownership
         self._may_switch = switch and ownership is not None
+        self._finalized = finalized
         self._switching = False  # a store written before ownership, being switched
         self._window = window
         self._config = config
@@ -181,6 +183,7 @@ class Store:
         config: StoreConfig = StoreConfig(),
         ownership: Ownership | None = None,
         switch: bool = False,
+        finalized: bool = False,
     ) -> Store:
         """Open the store at ``path``, creating it (owned by ``owner``) if there is none.
 
@@ -188,7 +191,9 @@ class Store:
         one without (format 1). A store written under another generation, or in the other
         format, is refused; but with ``switch``, a store written before ownership (format
         1) is opened to be switched (`switching`): the caller adds the ids this worker owns
-        from the other output partitions, then calls `complete_switch`.
+        from the other output partitions, then calls `complete_switch`. ``finalized``:
+        the pipeline's upgrade is finalized; a new store is created at format 3 and a
+        format-2 one is marked so (store_format.FORMAT_VERSION_FINALIZED).
 
         Raises StoreOwnershipError if it belongs to someone else, StoreError if it
         cannot be opened (locked by another process, corrupt, another format or
@@ -202,7 +207,7 @@ class Store:
             db = Rdict(str(path), db_options, column_families=families)
         except Exception as error:  # rocksdict raises bare Exception for RocksDB errors
             raise StoreError(f"cannot open store at {path}: {error}") from error
-        store = cls(path, db, owner, window, config, cf_options, ownership, switch)
+        store = cls(path, db, owner, window, config, cf_options, ownership, switch, finalized)
         try:
             store._load()
         except BaseException:
@@ -430,15 +435,19 @@ class Store:
     def _load(self) -> None:
         db = self._open_db()
         meta = _metadata(db)
-        opening = fmt.opening(meta, self._path, self._ownership, switch=self._may_switch)
+        opening = fmt.opening(
+            meta, self._path, self._ownership, switch=self._may_switch, finalized=self._finalized
+        )
         if opening is fmt.Opening.CREATE:
-            self._write(fmt.initial_records(self._owner, self._ownership))
+            self._write(fmt.initial_records(self._owner, self._ownership, self._finalized))
             meta = _metadata(db)
         self._switching = opening is fmt.Opening.SWITCH
         fmt.check_owner(meta, self._path, self._owner, self._ownership, switching=self._switching)
         writer = fmt.writer_record()
         if meta.get(writer[0]) != writer[1]:
             self._write([writer])
+        if opening is fmt.Opening.FINALIZE:  # after the owner check: never another's store
+            self._write(fmt.finalized_records())
         recorded = fmt.read_recorded(meta)
         self._input_next_offset = recorded.input_next_offset
         self._output_next_offset = recorded.output_next_offset

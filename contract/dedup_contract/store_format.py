@@ -32,7 +32,19 @@ FORMAT_VERSION_OWNED: Final = 2
 """A store of a worker under ownership (`Ownership`): its ids are those it owns. A worker
 of a commit before ownership reads format 1 only, so it refuses such a store."""
 
-NEWEST_FORMAT: Final = FORMAT_VERSION_OWNED
+FORMAT_VERSION_FINALIZED: Final = 3
+"""Format 2's layout, written once the pipeline's upgrade to release 0.2.0 (or later) is
+finalized (`dedupctl finalize-upgrade`; the worker's --finalized). Releases before 0.2.0
+read formats 1 and 2 only and refuse it: the mark that turns a rollback past a finalized
+upgrade into a refusal, and the step through which a later release's new layout will be
+converted (first written only after a finalize, so a rollback before it stays safe)."""
+FINALIZED_SINCE: Final = "0.2.0"
+"""The first release that reads FORMAT_VERSION_FINALIZED."""
+RELEASES_BEFORE_FINALIZED: Final = ("0.1.0",)
+"""The releases that cannot open a store of FORMAT_VERSION_FINALIZED: a rollback to one of
+them is refused once a pipeline is finalized (dedupctl's guard)."""
+
+NEWEST_FORMAT: Final = FORMAT_VERSION_FINALIZED
 """The newest format this code reads: a store of a newer one was written by a newer
 release, and is refused with both releases named (`refusal`)."""
 
@@ -112,21 +124,34 @@ class Opening(Enum):
     """This worker's format."""
     SWITCH = "switch"
     """A format-1 store that a worker under ownership opens to switch it."""
+    FINALIZE = "finalize"
+    """A format-2 store that a worker of a finalized pipeline marks format 3."""
 
 
-def format_version(ownership: Ownership | None) -> int:
-    """The format a worker writes and reads: 2 under ownership, else 1."""
-    return FORMAT_VERSION if ownership is None else FORMAT_VERSION_OWNED
+def format_version(ownership: Ownership | None, finalized: bool = False) -> int:
+    """The format a worker writes to a new store: 1 without ownership; under it 2, or 3
+    once the pipeline's upgrade is finalized."""
+    if ownership is None:
+        return FORMAT_VERSION
+    return FORMAT_VERSION_FINALIZED if finalized else FORMAT_VERSION_OWNED
 
 
 def opening(
-    meta: Mapping[bytes, bytes], path: Path, ownership: Ownership | None, *, switch: bool
+    meta: Mapping[bytes, bytes],
+    path: Path,
+    ownership: Ownership | None,
+    *,
+    switch: bool,
+    finalized: bool = False,
 ) -> Opening:
     """How a worker under ``ownership`` opens the store at ``path`` with metadata ``meta``.
 
     ``switch``: the worker may switch a format-1 store to ownership (only meaningful with
-    an ``ownership``). Raises StoreError for a store with data but no format record, or of
-    a format this worker does not read (`refusal`).
+    an ``ownership``). Under ownership a store of format 2 or 3 opens; ``finalized`` (the
+    pipeline's upgrade is finalized) marks a format-2 store format 3, and a format-3 store
+    stays so either way (a worker never writes a format back). Raises StoreError for a
+    store with data but no format record, or of a format this worker does not read
+    (`refusal`).
     """
     recorded = meta.get(FORMAT_KEY)
     if recorded is None:
@@ -135,6 +160,10 @@ def opening(
         return Opening.CREATE
     if switch and ownership is not None and recorded == str(FORMAT_VERSION).encode():
         return Opening.SWITCH
+    if ownership is not None and recorded == str(FORMAT_VERSION_FINALIZED).encode():
+        return Opening.OPEN
+    if finalized and ownership is not None and recorded == str(FORMAT_VERSION_OWNED).encode():
+        return Opening.FINALIZE
     if recorded != str(format_version(ownership)).encode():
         writer = meta.get(WRITER_KEY)
         raise StoreError(
@@ -165,7 +194,7 @@ def refusal(
             f"up to {NEWEST_FORMAT}: a newer release wrote it ({STORE_TOO_NEW}; run that release "
             "or a later one)"
         )
-    if ownership is None and recorded == str(FORMAT_VERSION_OWNED):
+    if ownership is None and recorded in (str(FORMAT_VERSION_OWNED), str(FORMAT_VERSION_FINALIZED)):
         return (
             f"store at {path} has format {recorded}: it was written under "
             "ownership (--owned-topic), and this worker runs without it"
@@ -209,10 +238,12 @@ def check_owner(
         )
 
 
-def initial_records(owner: StoreOwner, ownership: Ownership | None) -> list[Record]:
+def initial_records(
+    owner: StoreOwner, ownership: Ownership | None, finalized: bool = False
+) -> list[Record]:
     """The metadata a new store starts with: its format, owner and ownership generation."""
     records = [
-        (FORMAT_KEY, str(format_version(ownership)).encode()),
+        (FORMAT_KEY, str(format_version(ownership, finalized)).encode()),
         (OWNER_KEY, encode_owner(owner)),
     ]
     if ownership is not None:
@@ -223,6 +254,11 @@ def initial_records(owner: StoreOwner, ownership: Ownership | None) -> list[Reco
 def writer_record(release: str = VERSION) -> Record:
     """The metadata naming the release that opens the store to write it."""
     return (WRITER_KEY, release.encode())
+
+
+def finalized_records() -> list[Record]:
+    """The metadata that marks a format-2 store format 3 (its layout is the same)."""
+    return [(FORMAT_KEY, str(FORMAT_VERSION_FINALIZED).encode())]
 
 
 def switched_records(ownership: Ownership) -> list[Record]:

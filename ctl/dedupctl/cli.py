@@ -5,13 +5,16 @@
     dedupctl failovers PIPELINE [-o table|json|yaml]
     dedupctl audit PIPELINE [--now] [--timeout S] [-o table|json|yaml]
     dedupctl switch-ownership PIPELINE --yes
+    dedupctl finalize-upgrade PIPELINE --yes
+    dedupctl version
 
 `--kubeconfig`, `--context`, `-n/--namespace` as kubectl (KUBECONFIG, then
 ~/.kube/config, then the pod's service account). This module is the shell: it reads the
 API and hands plain dicts to the pure `view`. Exit codes (docs/operations.md#dedupctl):
 0 ok (audit: passed), 1 the audit failed, 2 usage, 3 no cluster reachable or no usable
 kubeconfig, 4 no such pipeline or namespace, 5 the DedupPipeline CRD is not installed,
-6 forbidden or unauthorized, 7 an audit could not be run or did not finish in time.
+6 forbidden or unauthorized, 7 an audit could not be run or did not finish in time,
+8 finalize-upgrade: the pipeline is not yet all on this release.
 Each error is one line on stderr, `dedupctl: ...`.
 """
 
@@ -33,11 +36,13 @@ import yaml
 
 from dedup_contract import kube_client, names
 from dedup_contract.release import VERSION
+from dedup_contract.store_format import RELEASES_BEFORE_FINALIZED
 from dedup_contract.timefmt import format_time
 from dedup_contract.worker_metrics import scrape
-from dedupctl import view
+from dedupctl import finalize, view
 
 OK, AUDIT_FAILED, USAGE, UNREACHABLE, NOT_FOUND, NO_CRD, FORBIDDEN, AUDIT_UNFINISHED = range(8)
+NOT_READY = 8  # finalize-upgrade: the pipeline is not all on this release yet
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -220,6 +225,55 @@ class Cluster:
             name,
             {"metadata": {"annotations": {key: value}}},
         )
+
+    def worker_pods(self, name: str) -> list[dict[str, Any]]:
+        found = self.call(
+            f"list pods in namespace {self.namespace}",
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{names.LABEL_PIPELINE}={name},"
+            f"{names.LABEL_COMPONENT}={names.COMPONENT_WORKER}",
+        )
+        items = [] if found is None else found.items
+        return [self.api.sanitize_for_serialization(pod) for pod in items]  # type: ignore[no-untyped-call]
+
+    def finalize_pipeline(self, name: str, release: str) -> None:
+        self.call(
+            f"patch deduppipelines {name} in namespace {self.namespace}",
+            self.custom.patch_namespaced_custom_object,
+            names.GROUP,
+            names.VERSION,
+            self.namespace,
+            names.PLURAL,
+            name,
+            {"spec": {"upgrade": {"finalizedRelease": release}}},
+        )
+
+    def apply_guard(self, policy: dict[str, Any], binding: dict[str, Any]) -> None:
+        """Create or replace the rollback guard (cluster-scoped: a cluster admin's)."""
+        admission = self._client.AdmissionregistrationV1Api(self.api)
+        for body, read, create, replace in (
+            (
+                policy,
+                admission.read_validating_admission_policy,
+                admission.create_validating_admission_policy,
+                admission.replace_validating_admission_policy,
+            ),
+            (
+                binding,
+                admission.read_validating_admission_policy_binding,
+                admission.create_validating_admission_policy_binding,
+                admission.replace_validating_admission_policy_binding,
+            ),
+        ):
+            kind, name = body["kind"], body["metadata"]["name"]
+            held = self.call(f"get {kind} {name}", read, name)
+            if held is None:
+                self.call(f"create {kind} {name}", create, body)
+            else:
+                body = {**body, "metadata": {**body["metadata"],
+                        "resourceVersion": held.metadata.resource_version}}  # fmt: skip
+                self.call(f"replace {kind} {name}", replace, name, body)
 
     def config_map_data(self, namespace: str, name: str, key: str) -> str | None:
         found = self.call(
@@ -404,6 +458,39 @@ def cmd_switch_ownership(cluster: Cluster, args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_finalize_upgrade(cluster: Cluster, args: argparse.Namespace) -> int:
+    """Finalize the pipeline's upgrade to this release: install the rollback guard, then
+    set spec.upgrade.finalizedRelease (the operator rolls the workers, which write the
+    newest store format); without --yes only say what it would do."""
+    body = cluster.pipeline(args.pipeline)
+    where = f"{cluster.namespace}/{args.pipeline}"
+    done = ((body.get("spec") or {}).get("upgrade") or {}).get("finalizedRelease")
+    if done == VERSION:
+        print(f"pipeline {where} is finalized at release {VERSION} already: nothing to do")
+        return OK
+    why_not = finalize.blockers(body, cluster.worker_pods(args.pipeline), VERSION)
+    if why_not:
+        fail(NOT_READY, f"pipeline {where} cannot be finalized yet: " + "; ".join(why_not))
+    refused = ", ".join(RELEASES_BEFORE_FINALIZED)
+    print(
+        f"pipeline {where}: finalize the upgrade to release {VERSION}. Its workers roll one "
+        f"at a time and mark their stores format 3, which release {refused} cannot open; "
+        f"from then on a rollback to {refused} is refused (ValidatingAdmissionPolicy "
+        f"{finalize.GUARD})."
+    )
+    if not args.yes:
+        fail(USAGE, f"nothing done: add --yes to finalize pipeline {where}")
+    cluster.apply_guard(
+        finalize.guard_policy(RELEASES_BEFORE_FINALIZED, VERSION), finalize.guard_binding()
+    )
+    cluster.finalize_pipeline(args.pipeline, VERSION)
+    print(
+        f"pipeline {where}: finalized at release {VERSION} (spec.upgrade.finalizedRelease); "
+        f"follow the roll: dedupctl status {args.pipeline} -n {cluster.namespace}"
+    )
+    return OK
+
+
 def run_audit_now(cluster: Cluster, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     """Starts a run of the pipeline's scheduled audit now (a Job from its CronJob, as
     `kubectl create job --from=cronjob/...` does) and waits until its result reaches
@@ -561,7 +648,8 @@ def parser(prog: str = "dedupctl") -> argparse.ArgumentParser:
         parents=[common],
         description="Status, handovers and audits of DedupPipelines.",
         epilog="exit codes: 0 ok, 1 audit failed, 2 usage, 3 cluster unreachable, "
-        "4 not found, 5 CRD not installed, 6 forbidden, 7 audit not run or unfinished",
+        "4 not found, 5 CRD not installed, 6 forbidden, 7 audit not run or unfinished, "
+        "8 not all on this release (finalize-upgrade)",
     )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("status", parents=[common, out], help="pipelines and their partitions")
@@ -591,6 +679,15 @@ def parser(prog: str = "dedupctl") -> argparse.ArgumentParser:
     w.add_argument(
         "--yes", action="store_true", help="do it (without: only say what it would do, exit 2)"
     )
+    z = sub.add_parser(
+        "finalize-upgrade",
+        parents=[common],
+        help="finalize a pipeline's upgrade to this release (no rollback after it)",
+    )
+    z.add_argument("pipeline")
+    z.add_argument(
+        "--yes", action="store_true", help="do it (without: only say what it would do, exit 2)"
+    )
     return p
 
 
@@ -599,6 +696,7 @@ COMMANDS: dict[str, Callable[[Cluster, argparse.Namespace], int]] = {
     "failovers": cmd_failovers,
     "audit": cmd_audit,
     "switch-ownership": cmd_switch_ownership,
+    "finalize-upgrade": cmd_finalize_upgrade,
 }
 
 

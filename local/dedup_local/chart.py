@@ -45,6 +45,9 @@ LOCAL_CLUSTER_VALUES = (
     "operator.bindPodIP=true",
 )
 """`--set` values that install the chart on the local cluster (tests, `make demo`)."""
+# (`helm install --take-ownership` there: the local clusters apply crds/ before the chart,
+# as a cluster where the CRD came from the release before 0.2.0 has it; the chart then
+# adopts it, templates/crds.yaml.)
 
 
 class HelmError(RuntimeError):

@@ -339,7 +339,7 @@ def install_operator(cluster: RealCluster) -> None:
     """`helm install` of the chart, with the local cluster's image and a 1 s pass."""
     sets = [a for v in (*LOCAL_CLUSTER_VALUES, "operator.interval=1") for a in ("--set", v)]
     helm(
-        "install", OPERATOR_RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE,
+        "install", OPERATOR_RELEASE, str(CHART), "--take-ownership", "--namespace", OPERATOR_NAMESPACE,
         "--create-namespace", *sets, "--wait", "--timeout", "600s",
         "--kubeconfig", str(cluster.kubeconfig_path), timeout=660,
     )  # fmt: skip

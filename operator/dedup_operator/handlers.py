@@ -33,12 +33,14 @@ from typing import Any, Final
 
 import kopf
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 from dedup_contract import names
-from dedup_operator import events, operator_metrics
+from dedup_operator import events, operator_metrics, storage_version
 from dedup_operator.cache import SYNCED
 from dedup_operator.executor import Recorder
 from dedup_operator.kube import Kube, api_client
+from dedup_operator.kube_calls import NotLeader
 from dedup_operator.leader import LeaderElection
 from dedup_operator.memory import LeaseWatch, PipelineMemories
 from dedup_operator.pass_outcome import Outcome
@@ -242,6 +244,38 @@ def wake_forever() -> None:
         _wake(keys, "silent-node")
 
 
+STORAGE_MIGRATION_FIRST_S = 5.0  # after the start: the watches have synced by then
+STORAGE_MIGRATION_RETRY_S = 30.0
+
+
+def migrate_storage_forever() -> None:
+    """Until it is done or RUNTIME.stop is set: the pipelines' storage-version migration
+    (`storage_version.migrate`), by the leader; after an error, again 30 s later."""
+    wait = STORAGE_MIGRATION_FIRST_S
+    while not RUNTIME.stop.wait(wait):
+        wait = STORAGE_MIGRATION_RETRY_S
+        if RUNTIME.leader is not None and not RUNTIME.leader.is_leader():
+            continue
+        try:
+            done = storage_version.migrate(_kube(), RUNTIME.namespaces)
+        except ApiException as exc:
+            if exc.status == 403:
+                log.warning(
+                    "cannot move the DedupPipelines to the storage version %s: %s (the "
+                    "chart's RBAC grants it; docs/operations.md#rbac)",
+                    names.STORAGE_VERSION,
+                    exc.reason,
+                )
+                return
+            log.warning("storage-version migration: %s; again in %.0fs", exc.reason, wait)
+            continue
+        except NotLeader:
+            continue
+        log.info("storage-version migration: %s", done.why)
+        if done.why != storage_version.UNFINISHED:
+            return
+
+
 def list_forever(scheduler: PassScheduler) -> None:
     """Until RUNTIME.stop is set, list the pipelines every interval and keep the
     scheduler's set to them: a new one gets a pass at once, a deleted one none (except
@@ -323,6 +357,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     scheduler.start()
     threading.Thread(target=list_forever, args=(scheduler,), name="resync", daemon=True).start()
     threading.Thread(target=wake_forever, name="wakeups", daemon=True).start()
+    threading.Thread(target=migrate_storage_forever, name="storage-version", daemon=True).start()
 
 
 @kopf.on.cleanup()

@@ -62,6 +62,43 @@ class KubePipelines(KubeCalls):
             items += in_ns.get("items") or []
         return items
 
+    def stored_versions(self) -> list[str]:
+        """The DedupPipeline CRD's status.storedVersions."""
+        crd: Any = self._raw(
+            client.ApiextensionsV1Api(self.api).read_custom_resource_definition,
+            names.CRD_NAME,
+        )
+        return [str(v) for v in (crd.get("status") or {}).get("storedVersions") or []]
+
+    def set_stored_versions(self, versions: Sequence[str]) -> None:
+        """Replace the DedupPipeline CRD's status.storedVersions (the leader only)."""
+        self._may_act("prune the CRD's storedVersions")
+        client.ApiextensionsV1Api(self.api).patch_custom_resource_definition_status(
+            names.CRD_NAME,
+            {"status": {"storedVersions": list(versions)}},
+            _content_type="application/merge-patch+json",
+        )
+
+    def mark_stored_version(self, namespace: str, name: str, version: str) -> None:
+        """Rewrite a pipeline (its annotation dedup.io/stored-version set to `version`):
+        the API server stores it at the CRD's storage version (the leader only)."""
+        self._may_act(f"rewrite {namespace}/{name} at {version}")
+        try:
+            out: Any = self.custom.patch_namespaced_custom_object(
+                names.GROUP,
+                names.VERSION,
+                namespace,
+                names.PLURAL,
+                name,
+                {"metadata": {"annotations": {names.ANNOTATION_STORED_VERSION: version}}},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if absent(exc):
+                return  # deleted meanwhile: nothing left to move
+            raise
+        self._wrote("pipelines", out)
+
     def set_finalizer(
         self,
         namespace: str,

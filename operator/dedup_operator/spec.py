@@ -205,6 +205,9 @@ class PipelineSpec:
     storage: StorageSpec = field(default_factory=StorageSpec)
     failover: FailoverSpec = field(default_factory=FailoverSpec)
     reconciliation: ReconciliationSpec | None = None
+    # upgrade.finalizedRelease: the release whose upgrade `dedupctl finalize-upgrade`
+    # finalized; its workers write the newest store format (DEDUP_FINALIZED)
+    finalized_release: str | None = None
     # Not a spec field: whether the workers own ids (`owner(id) % workers`, misrouted
     # records forwarded through the internal topic). False only for a pipeline that ran
     # before ownership existed (dedup_operator.ownership_generation decides, from the status): its
@@ -387,4 +390,5 @@ def _parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PipelineSpec:
         storage=storage,
         failover=failover,
         reconciliation=reconciliation,
+        finalized_release=str((spec.get("upgrade") or {}).get("finalizedRelease") or "") or None,
     )

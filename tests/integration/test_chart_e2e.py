@@ -92,7 +92,7 @@ def test_helm_install_under_namespaced_rbac_asks_nothing_it_is_not_granted(
     release, namespace = "dedup-operator-scoped", "dedup-scoped"
     values = [*LOCAL_CLUSTER_VALUES, "rbac.scope=namespaced", f"watchNamespaces={{{ns}}}"]
     sets = [arg for value in values for arg in ("--set", value)]
-    helm_on(cluster, "install", release, str(CHART), "--namespace", namespace,
+    helm_on(cluster, "install", release, str(CHART), "--take-ownership", "--namespace", namespace,
             "--create-namespace", *sets, "--wait", "--timeout", "240s")  # fmt: skip
     installed = time.monotonic()
     try:

@@ -188,7 +188,7 @@ def test_chart_on_real_nodes(
     sets = [arg for value in VALUES for arg in ("--set", value)]
     t0 = time.monotonic()
     try:
-        helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        helm_on(cluster, "install", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
                 "--create-namespace", *sets, "--wait", "--timeout", "300s",
                 timeout=330)  # fmt: skip
     except Exception:
@@ -227,7 +227,7 @@ def test_chart_on_real_nodes(
         assert all(p.status.container_statuses[0].restart_count == 0
                    for p in live_pods(api, NAMESPACE, OPERATOR_SELECTOR))  # fmt: skip
         t0 = time.monotonic()
-        helm_on(cluster, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        helm_on(cluster, "upgrade", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
                 "--reuse-values", "--set", "operator.logLevel=DEBUG",
                 "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{RELEASE}",
@@ -500,7 +500,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
     )
     _delete_pipelines(cluster)  # an earlier test's, its broker gone
     sets = [arg for value in VALUES for arg in ("--set", value)]
-    helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    helm_on(cluster, "install", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
     cut: str | None = None
     try:
@@ -681,7 +681,7 @@ def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
     )
     _delete_pipelines(cluster)  # an earlier test's, its broker gone
     sets = [arg for value in VALUES for arg in ("--set", value)]
-    helm_on(cluster, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+    helm_on(cluster, "install", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
     cut: str | None = None
     try:

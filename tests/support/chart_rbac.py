@@ -50,6 +50,7 @@ NAMESPACED: Final = (
 )  # fmt: skip
 
 SPARK_CRD: Final = "scheduledsparkapplications.sparkoperator.k8s.io"
+PIPELINE_CRD: Final = "deduppipelines.dedup.io"
 
 # (apiGroup, resource, resourceName, verbs, why), cluster-scoped, in both scopes
 CLUSTER: Final = (
@@ -60,6 +61,10 @@ CLUSTER: Final = (
      "volume_attachments (watched): no replacement while the old volume is attached"),
     ("apiextensions.k8s.io", "customresourcedefinitions", SPARK_CRD, ("get",),
      "has_crd: ScheduledSparkApplication or CronJob"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", PIPELINE_CRD, ("get",),
+     "storage_version: the CRD's storedVersions"),
+    ("apiextensions.k8s.io", "customresourcedefinitions/status", PIPELINE_CRD, ("patch",),
+     "storage_version: storedVersions pruned once every pipeline is stored at v1beta1"),
 )  # fmt: skip
 
 # with rbac.scope namespaced and rbac.listPodsOnNodes (the default), in the ClusterRole
@@ -99,7 +104,8 @@ DENIED_EVERYWHERE: Final = (
     ("delete", "persistentvolumeclaims", ""),
     ("delete", "volumeattachments.storage.k8s.io", ""),
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
-    ("get", "customresourcedefinitions.apiextensions.k8s.io/deduppipelines.dedup.io", ""),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io/deduppipelines.dedup.io", ""),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io/deduppipelines.dedup.io", ""),
     ("list", "namespaces", ""),
     ("create", "deployments.apps", ""),
 )

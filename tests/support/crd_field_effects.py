@@ -132,6 +132,10 @@ FIELD_EFFECTS: Final[dict[str, Effect]] = {
         f"{AUDIT}::test_cron_job_command_is_what_dedup_reconcile_accepts",
         "the audit's --executors",
     ),
+    # ----------------------------------------------------------------------- upgrade
+    "spec.upgrade.finalizedRelease": Effect(
+        WORKER_ARGS, "the worker's --finalized: its store written at format 3"
+    ),
     "spec.reconciliation.spark.master": Effect(
         f"{AUDIT}::test_explicit_master_keeps_the_cron_job",
         "the audit's --master, and a CronJob even under the Spark operator",

@@ -105,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="false",
         choices=["true", "false"],
     )
+    opt(
+        "finalized",
+        "true: the pipeline's upgrade to this release is finalized (dedupctl "
+        "finalize-upgrade): the store is written at the newest format, which earlier "
+        "releases cannot open; false: at the format the previous release reads",
+        default="false",
+        choices=["true", "false"],
+    )
     opt("pipeline", "pipeline name (store ownership, transactional id, consumer group)")
     opt("namespace", "namespace of the pipeline", default="default")
     opt(
@@ -229,6 +237,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         owned_topic=args.owned_topic or None,
         workers=_int(args.workers, "workers") if args.workers else None,
         ownership_switch=args.ownership_switch == "true",
+        finalized=args.finalized == "true",
         lease=lease,
     )
 
@@ -284,6 +293,8 @@ def arguments(config: WorkerConfig) -> list[str]:
         argv += ["--owned-topic", config.owned_topic, "--workers", str(config.workers)]
         if config.ownership_switch:
             argv += ["--ownership-switch", "true"]
+        if config.finalized:
+            argv += ["--finalized", "true"]
     if config.kafka_settings:
         argv += ["--kafka-config", format_kafka_settings(config.kafka_settings.items())]
     return argv

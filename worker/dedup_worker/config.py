@@ -80,6 +80,9 @@ class WorkerConfig:
     # a store written before ownership is switched (the pipeline's switch, with every
     # worker of it stopped first), not refused
     ownership_switch: bool = False
+    # the pipeline's upgrade is finalized: the store is written at format 3, which the
+    # releases before it cannot open (store_format.FORMAT_VERSION_FINALIZED)
+    finalized: bool = False
 
     def __post_init__(self) -> None:
         if self.partition < 0:
@@ -88,6 +91,8 @@ class WorkerConfig:
             raise ValueError("--owned-topic and --workers go together (ownership)")
         if self.ownership_switch and self.owned_topic is None:
             raise ValueError("--ownership-switch needs --owned-topic and --workers")
+        if self.finalized and self.owned_topic is None:
+            raise ValueError("--finalized needs --owned-topic and --workers")
         if self.workers is not None and not 0 <= self.partition < self.workers:
             raise ValueError(
                 f"--partition {self.partition} is not one of --workers {self.workers} "

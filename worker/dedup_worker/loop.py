@@ -185,7 +185,13 @@ class DedupWorker:
         if not self.fencing.held():
             raise self.publisher.fenced(f"not held at start: {self.fencing.why_not_held()}")
         self.store = Store.open(
-            cfg.store_path, cfg.owner, cfg.window, cfg.store, cfg.ownership, cfg.ownership_switch
+            cfg.store_path,
+            cfg.owner,
+            cfg.window,
+            cfg.store,
+            cfg.ownership,
+            cfg.ownership_switch,
+            cfg.finalized,
         )
         self.publisher.open()
         consumer = self.reader.open()

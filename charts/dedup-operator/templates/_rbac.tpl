@@ -93,6 +93,16 @@ creator does not hold (escalation prevention), and the operator holds no escalat
   resources: [customresourcedefinitions]
   resourceNames: [scheduledsparkapplications.sparkoperator.k8s.io]
   verbs: [get]
+# storage_version: the DedupPipeline CRD's storedVersions (read), pruned to the storage
+# version once every pipeline was rewritten at it (the status only, never the CRD)
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  resourceNames: [deduppipelines.dedup.io]
+  verbs: [get]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions/status]
+  resourceNames: [deduppipelines.dedup.io]
+  verbs: [patch]
 {{- if and .Values.rbac.listPodsOnNodes (ne .Values.rbac.scope "cluster") }}
 # kube.pods_on_node: before tainting a lost node out-of-service, every pod bound to it
 # (any namespace) must be a fenced dedup worker (the namespaced rules have it with -A)

@@ -125,6 +125,10 @@ def worker_env(spec: PipelineSpec, partition: int) -> list[dict[str, Any]]:
             # window) and marks it an ownership store; without this a worker refuses such
             # a store (exit 5). Kept once converted: removing it would roll every pod.
             plain.append(("DEDUP_OWNERSHIP_SWITCH", "true"))
+        if spec.finalized_release is not None:
+            # the upgrade is finalized: the store is written at the newest format (the
+            # releases before cannot open it; a rollback is refused by dedupctl's guard)
+            plain.append(("DEDUP_FINALIZED", "true"))
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain if v is not None]
     env += [
         {"name": "DEDUP_NAMESPACE", **_field("metadata.namespace")},

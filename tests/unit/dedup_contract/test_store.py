@@ -447,3 +447,37 @@ def test_record_batch_known_new_skips_the_lookup_and_counts_exactly(store: Store
     store.record_batch(batch, 1, input_next_offset=10, output_next_offset=10, known_new=True)
     assert store.key_count == 10
     assert store.contains_many(batch) == [True] * 10
+
+
+def _format_on_disk(path: Path) -> bytes | None:
+    """The format record as RocksDB holds it, read without Store (read-only, default
+    column family)."""
+    from rocksdict import AccessType, Rdict
+
+    db = Rdict(str(path), access_type=AccessType.read_only())
+    try:
+        value = db.get(b"format")
+        return value if isinstance(value, bytes) or value is None else bytes(value)
+    finally:
+        db.close()
+
+
+def test_a_finalized_worker_marks_the_store_format_3_and_it_stays(path: Path) -> None:
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4)) as store:
+        store.record_batch(keys(0, 5), 1, input_next_offset=None, output_next_offset=9)
+    assert _format_on_disk(path) == b"2", "until the upgrade is finalized: the old format"
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4), finalized=True) as store:
+        assert store.key_count == 5 and store.output_next_offset == 9
+    assert _format_on_disk(path) == b"3"
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4)) as store:
+        assert store.key_count == 5, "a format-3 store opens without the flag too"
+    assert _format_on_disk(path) == b"3", "and is never written back"
+
+
+def test_a_store_of_another_owner_is_not_marked_by_a_finalized_worker(path: Path) -> None:
+    with Store.open(path, OWNER, BY_COUNT, SMALL, Ownership(4)):
+        pass
+    other = StoreOwner(OWNER.namespace, OWNER.pipeline, OWNER.partition + 1)
+    with pytest.raises(StoreOwnershipError):
+        Store.open(path, other, BY_COUNT, SMALL, Ownership(4), finalized=True)
+    assert _format_on_disk(path) == b"2"

@@ -13,6 +13,7 @@ from dedup_contract.release import VERSION
 from dedup_contract.store_format import (
     FORMAT_KEY,
     FORMAT_VERSION,
+    FORMAT_VERSION_FINALIZED,
     FORMAT_VERSION_OWNED,
     INPUT_OFFSET_KEY,
     NEXT_GENERATION_KEY,
@@ -153,7 +154,7 @@ def test_a_too_new_format_is_refused_naming_both_releases() -> None:
             store_format.opening(meta, PATH, ownership, switch=True)
         assert str(refused.value) == (
             f"store at {PATH} has format 99, written by release 9.0.0; this worker is "
-            f"release {VERSION} and reads formats up to 2: a newer release wrote it "
+            f"release {VERSION} and reads formats up to 3: a newer release wrote it "
             "(StoreTooNew; run that release or a later one)"
         )
     del meta[store_format.WRITER_KEY]  # a store of a release that did not record it
@@ -212,3 +213,46 @@ def test_the_store_module_still_exports_the_formats_names() -> None:
         assert getattr(store, name) is getattr(store_format, name)
     assert store.StoreOwner is StoreOwner
     assert store.StoreOwnershipError is StoreOwnershipError
+
+
+# --- the two-phase upgrade: format 3 only once finalized ----------------------------------
+
+
+def test_until_finalized_a_new_store_is_format_2_and_after_format_3() -> None:
+    assert created(ownership=OWNED)[FORMAT_KEY] == b"2"
+    finalized = dict(store_format.initial_records(OWNER, OWNED, finalized=True))
+    assert finalized[FORMAT_KEY] == b"3"
+    assert store_format.format_version(OWNED, finalized=True) == FORMAT_VERSION_FINALIZED == 3
+    assert store_format.format_version(None, finalized=True) == 1, "finalize is ownership's"
+
+
+def test_a_format_2_store_is_marked_format_3_only_when_finalized() -> None:
+    meta = created(ownership=OWNED)
+    assert store_format.opening(meta, PATH, OWNED, switch=False) is Opening.OPEN
+    assert store_format.opening(meta, PATH, OWNED, switch=False, finalized=True) is (
+        Opening.FINALIZE
+    )
+    assert store_format.finalized_records() == [(FORMAT_KEY, b"3")]
+
+
+@pytest.mark.parametrize("finalized", [False, True])
+def test_a_format_3_store_opens_and_stays_format_3(finalized: bool) -> None:
+    """A worker never writes a format back: a format-3 store opens as it is, finalized or
+    not (the spec field removed, or a replacement started before the roll reached it)."""
+    meta = {**created(ownership=OWNED), FORMAT_KEY: b"3"}
+    assert store_format.opening(meta, PATH, OWNED, switch=True, finalized=finalized) is (
+        Opening.OPEN
+    )
+
+
+def test_a_format_3_store_is_refused_without_ownership() -> None:
+    meta = {**created(ownership=OWNED), FORMAT_KEY: b"3"}
+    with pytest.raises(StoreError, match="written under ownership"):
+        store_format.opening(meta, PATH, None, switch=False)
+
+
+def test_the_releases_before_format_3_are_the_previous_release() -> None:
+    """The guard dedupctl finalize-upgrade installs names the releases that cannot read
+    format 3: every release before FINALIZED_SINCE, here 0.1.0 (versions.env)."""
+    assert store_format.FINALIZED_SINCE == VERSION
+    assert store_format.RELEASES_BEFORE_FINALIZED == ("0.1.0",)

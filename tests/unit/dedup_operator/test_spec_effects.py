@@ -106,6 +106,7 @@ WORKER_FIELDS: list[tuple[str, Any, Read, Any]] = [
     ("worker__lingerMs", 75, lambda a, c: c.linger_ms, None),
     ("worker__blockCacheMB", 256, lambda a, c: c.store.block_cache_bytes // MiB, None),
     ("worker__logLevel", "DEBUG", lambda a, c: a.log_level, None),
+    ("upgrade__finalizedRelease", "0.2.0", lambda a, c: c.finalized, True),
 ]
 
 

@@ -17,18 +17,21 @@ CHART = ROOT / "charts" / "dedup-operator"
 
 
 def test_the_charts_crds_are_the_top_level_crds() -> None:
-    """One source: the chart's crds/ holds byte-equal copies of crds/ (copies, not
+    """One source: the chart's files/ holds byte-equal copies of crds/ (copies, not
     symlinks: helm warns on every command about a symlink in a chart, and a packaged or
-    GitOps-fetched chart must not depend on files outside it)."""
+    GitOps-fetched chart must not depend on files outside it). templates/crds.yaml renders
+    them, so that `helm upgrade` upgrades them; the chart has no crds/ directory (helm
+    installs that once and never upgrades it)."""
     top = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
-    chart = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert chart == top, "the chart's crds/ and crds/ hold different files"
+    chart = sorted(p.name for p in (CHART / "files").glob("*.yaml"))
+    assert chart == top, "the chart's files/ and crds/ hold different CRDs"
+    assert not (CHART / "crds").exists(), "the chart renders its CRDs from templates/"
     for name in top:
-        copy = CHART / "crds" / name
+        copy = CHART / "files" / name
         assert not copy.is_symlink()
         assert copy.read_bytes() == (ROOT / "crds" / name).read_bytes(), (
             f"{copy.relative_to(ROOT)} differs from crds/{name}: "
-            "cp crds/*.yaml charts/dedup-operator/crds/"
+            "cp crds/*.yaml charts/dedup-operator/files/"
         )
 
 
