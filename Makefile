@@ -6,12 +6,12 @@ export DEDUP_CACHE ?= $(HOME)/.cache/dedup-operator
 VENV := $(DEDUP_CACHE)/venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image test test-unit test-integration lint demo bench clean-cache install.yaml
+.PHONY: setup setup-python setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image setup-previous-release test test-unit test-integration lint demo bench clean-cache install.yaml
 
 # The builds side by side once the venv exists: the Go builds of Kubernetes are CPU-bound,
 # the image's mostly downloads and layer writes.
 setup: setup-python
-	@$(MAKE) --no-print-directory -j4 setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image
+	@$(MAKE) --no-print-directory -j4 setup-kafka setup-spark setup-kube setup-nodes setup-csi setup-image setup-previous-release
 
 setup-python:
 	@bash scripts/setup-python.sh
@@ -38,6 +38,11 @@ setup-csi:
 # The image from the Dockerfile (podman, on bases made from Debian packages).
 setup-image: setup-python
 	@bash scripts/setup-image.sh
+
+# The previous release's chart and image (versions.env), built from its commit by the same
+# cached build (after this commit's: most layers are shared): what the upgrade test installs.
+setup-previous-release: setup-image
+	@bash scripts/setup-previous-release.sh
 
 lint: setup-python
 	@echo "== ruff"; $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

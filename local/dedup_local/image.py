@@ -255,39 +255,57 @@ def ensure_image() -> str:
     """Build the image from the Dockerfile unless one with the same inputs exists; returns
     its reference (also tagged `localhost/dedup-operator:dev`). One build at a time on the
     machine (a lock in the store's directory): a test process and `make setup-image`, or
-    two checkouts, wait for each other, and whoever waited finds the image built."""
+    two checkouts, wait for each other, and whoever waited finds it built."""
     podman_env()
     with (podman_dir() / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _ensure_image()
 
 
-def _ensure_image() -> str:
+def ensure_image_of(root: Path, repository: str) -> str:
+    """The image of another source tree (a previous release's, `previous_release`), built
+    as `ensure_image` builds this one: the same bases, lock and layer cache, tagged
+    `<repository>:<digest of its inputs>`; `:dev` and `image-ref` are left alone."""
+    podman_env()
+    with (podman_dir() / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(root, repository)[0]
+
+
+def _build(root: Path, repository: str) -> tuple[str, bool]:
+    """The image of the tree at `root` (its reference), and whether it was built now."""
     bases = {arg: ensure_base(BASES[name]) for arg, name in BUILD_ARGS.items()}
-    ref = f"{REPOSITORY}:{inputs_digest([image_id(r) for r in bases.values()])[:16]}"
-    if not image_exists(ref):
-        log(f"building {ref} from the Dockerfile (podman, runc)")
-        started = time.monotonic()
-        args = ["build", "--network", "host", "--layers", "--tag", ref, "--file",
-                str(REPO_ROOT / "Dockerfile")]  # fmt: skip
-        for arg, base_ref in bases.items():
-            args += ["--build-arg", f"{arg}={base_ref}"]
-        with subprocess.Popen(
-            ["podman", *args, str(REPO_ROOT)],
-            env=podman_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        ) as proc:
-            assert proc.stdout is not None
-            tail: list[str] = []
-            for line in proc.stdout:
-                tail = [*tail[-30:], line.rstrip()]
-                if "STEP " in line[:16] or line.startswith(("COMMIT", "Successfully tagged")):
-                    log(line.rstrip())
-        if proc.returncode != 0:
-            raise ImageError("podman build failed:\n" + "\n".join(tail))
-        log(f"built {ref} in {time.monotonic() - started:.0f}s")
+    ref = f"{repository}:{inputs_digest([image_id(r) for r in bases.values()], root)[:16]}"
+    if image_exists(ref):
+        return ref, False
+    log(f"building {ref} from {root}/Dockerfile (podman, runc)")
+    started = time.monotonic()
+    args = ["build", "--network", "host", "--layers", "--tag", ref, "--file",
+            str(root / "Dockerfile")]  # fmt: skip
+    for arg, base_ref in bases.items():
+        args += ["--build-arg", f"{arg}={base_ref}"]
+    with subprocess.Popen(
+        ["podman", *args, str(root)],
+        env=podman_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = [*tail[-30:], line.rstrip()]
+            if "STEP " in line[:16] or line.startswith(("COMMIT", "Successfully tagged")):
+                log(line.rstrip())
+    if proc.returncode != 0:
+        raise ImageError("podman build failed:\n" + "\n".join(tail))
+    log(f"built {ref} in {time.monotonic() - started:.0f}s")
+    return ref, True
+
+
+def _ensure_image() -> str:
+    ref, built = _build(REPO_ROOT, REPOSITORY)
+    if built:
         _remove_older(REPOSITORY, keep=ref, builds=KEEP_BUILDS)
     previous = image_id(DEV_TAG) if image_exists(DEV_TAG) else None
     podman("tag", ref, DEV_TAG)

@@ -29,7 +29,7 @@ import string
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,11 +62,13 @@ class RealCluster(Started):
         timings: ClusterTimings | None = None,
         crds: Iterable[Path] = (),
         image: str | None = None,
+        more_images: Sequence[NodeImage] = (),
     ) -> None:
         self.timings = timings or ClusterTimings.fast()
         self.node_names = [f"node-{string.ascii_lowercase[i]}" for i in range(nodes)]
         self.storage_class = STORAGE_CLASS
         self.image = image
+        self.more_images = list(more_images)  # beside the project's: each node holds them too
         self._crds = list(crds)
         self.control_plane: ControlPlane | None = None
         self.nodes: dict[str, RealNode] = {}
@@ -161,7 +163,7 @@ class RealCluster(Started):
                     name,
                     labels={"topology.kubernetes.io/zone": ZONES[i % len(ZONES)]},
                     kubelet_config=fast,
-                    images=[NodeImage(archive, IMAGE_TAGS)],
+                    images=[NodeImage(archive, IMAGE_TAGS), *self.more_images],
                 )
                 self.nodes[name] = node
                 node.start()

@@ -37,6 +37,8 @@ from kubernetes.client.exceptions import ApiException
 from dedup_contract import names
 from dedup_local.cluster import ClusterTimings, LocalCluster
 from dedup_local.image import ensure_image
+from dedup_local.node_images import NodeImage
+from dedup_local.previous_release import ensure_previous_release
 from dedup_local.real_cluster import RealCluster
 from support.kube_fixtures import CRD_FILES, _wait_for_default_service_account
 from support.operator_helpers import drop_finalizers
@@ -100,7 +102,16 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
 
     def start() -> RealCluster:
         ensure_image()
-        made.append(RealCluster(nodes=4, timings=ClusterTimings.fast(), crds=CRD_FILES))
+        # the previous release's image too: tests/integration/test_upgrade.py starts there
+        previous = ensure_previous_release()
+        made.append(
+            RealCluster(
+                nodes=4,
+                timings=ClusterTimings.fast(),
+                crds=CRD_FILES,
+                more_images=[NodeImage(previous.archive, previous.node_tags)],
+            )
+        )
         cluster = made[-1].start()
         taint = RESERVED_TAINT
         cluster.kubectl("taint", "nodes", RESERVED_NODE,
