@@ -251,8 +251,8 @@ def test_a_format_3_store_is_refused_without_ownership() -> None:
         store_format.opening(meta, PATH, None, switch=False)
 
 
-def test_the_releases_before_format_3_are_the_previous_release() -> None:
+def test_the_releases_before_format_3_are_those_before_0_2_0() -> None:
     """The guard dedupctl finalize-upgrade installs names the releases that cannot read
-    format 3: every release before FINALIZED_SINCE, here 0.1.0 (versions.env)."""
-    assert store_format.FINALIZED_SINCE == VERSION
+    format 3: every release before FINALIZED_SINCE (0.2.0), that is 0.1.0 alone."""
+    assert store_format.FINALIZED_SINCE == "0.2.0"
     assert store_format.RELEASES_BEFORE_FINALIZED == ("0.1.0",)
