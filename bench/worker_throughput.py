@@ -56,6 +56,20 @@ section below, combinable in one invocation (run in this order):
 Every output is checked over all its partitions: every distinct id exactly once, each on
 its owner's partition.
 
+What dedup costs over the cheapest exactly-once pass (issue 52):
+
+    python bench/worker_throughput.py --bare-copy [--records 2000000,5000000] [--runs 4]
+
+* `--bare-copy`: the real `dedup-worker` CLI as a process with the defaults users get
+  (window 7d), against `bench/peers/bare_copy.py`, a process on the same confluent-kafka
+  that copies every record exactly once (read_committed batches of 5,000, 20 ms linger,
+  offsets in the transaction) and does nothing else; one input per count, each run its
+  own output and group, in the order ours, bare, bare, ours, ...; each run timed from
+  its process's start to its group's committed offset reaching the end (and steady: from
+  its first commit). Medians, ours/bare (target >= 0.8), CPU per record of each process
+  and of the broker, then one more run of ours under cProfile: the functions it spent
+  most in. Outputs checked: ours every id once, the copy every record.
+
 Targets on a 2-core machine: >= 100,000 records/s, >= 3x Quix Streams, >= 2x Kafka
 Streams at 2M and 5M records, commit p99 <= 100 ms.
 """
@@ -92,6 +106,7 @@ from confluent_kafka import (
 )
 from peers import kstreams_peer as kstreams
 
+from dedup_contract import names
 from dedup_contract.ownership import owner
 from dedup_contract.window import WindowPolicy
 from dedup_local.kafka import KafkaBroker, produce_all
@@ -112,6 +127,8 @@ TARGET_KSTREAMS_RATIO = 2.0  # at the counts below, and through a repartition to
 KSTREAMS_TARGET_COUNTS = (2_000_000, 5_000_000)
 TARGET_COMMIT_P99_MS = 100.0
 TARGET_OWNERSHIP_COST = 0.97  # median (b)/(a): under ownership / without
+TARGET_BARE_COPY_RATIO = 0.8  # median ours / median bare exactly-once copy
+BARE_COPY = HERE / "peers" / "bare_copy.py"
 
 
 def timed_publisher(latencies: list[float]) -> PublisherFactory:
@@ -1459,6 +1476,225 @@ def run_commit_p99(
 # --- the comparison ---------------------------------------------------------------------
 
 
+# --- ours against the bare exactly-once copy (issue 52) --------------------------------------
+
+
+@dataclass
+class ProcessRun:
+    """One timed run of a process over the whole input."""
+
+    label: str
+    seconds: float  # from the process's start to its group's offset at the end
+    steady_seconds: float  # from its first commit
+    steady_records: int
+    cpu_s: float
+    broker_cpu_s: float | None
+
+    def rate(self, records: int) -> float:
+        return records / self.seconds
+
+    def steady_rate(self) -> float:
+        return self.steady_records / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+
+def run_process_over(
+    command: list[str],
+    label: str,
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    group: str,
+    topic: str,
+    end: int,
+    log_path: Path,
+    timeout_s: float = 900.0,
+) -> ProcessRun:
+    """Start `command`, wait until `group` has committed offset `end` of `topic`/0 (polled
+    every 50 ms by a consumer that joins no group), take the process's CPU, then SIGTERM
+    it (it ends after the batch in hand)."""
+    watcher = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    broker_before = broker_cpu_seconds(broker)
+    started = time.monotonic()
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    first: tuple[float, int] | None = None
+    try:
+        deadline = started + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{label} exited {proc.returncode}; its log: {log_path}")
+            (position,) = watcher.committed([TopicPartition(topic, 0)], timeout=10)
+            now = time.monotonic()
+            if position.offset > 0 and first is None:
+                first = (now, position.offset)
+            if position.offset >= end:
+                break
+            if now > deadline:
+                raise RuntimeError(f"{label}: offset {position.offset} of {end} after {timeout_s}s")
+            time.sleep(0.05)
+        done = time.monotonic()
+        cpu = cpu_seconds(proc.pid)
+        broker_cpu = broker_cpu_since(broker, broker_before)
+    finally:
+        watcher.close()
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert first is not None
+    return ProcessRun(label, done - started, done - first[0], end - first[1], cpu, broker_cpu)
+
+
+def ours_command(bootstrap: str, name: str, store: Path) -> list[str]:
+    """The `dedup-worker` CLI as a user runs it: the required settings, a window, and the
+    defaults for everything else."""
+    return [
+        sys.executable, "-m", "dedup_worker.cli",
+        "--bootstrap-servers", bootstrap, "--input-topic", f"{name}-in",
+        "--output-topic", f"{name}-out", "--dead-letter-topic", f"{name}-dlq",
+        "--partition", "0", "--pipeline", name, "--store-path", str(store),
+        "--window-duration", "7d",
+    ]  # fmt: skip
+
+
+def bare_command(bootstrap: str, input_topic: str, name: str) -> list[str]:
+    return [
+        sys.executable, str(BARE_COPY), "--bootstrap", bootstrap, "--input", input_topic,
+        "--output", f"{name}-out", "--group", f"bare-{name}",
+    ]  # fmt: skip
+
+
+def us_per_record(runs: Sequence[ProcessRun], records: int, broker: bool = False) -> str:
+    """The median CPU microseconds per record of `runs`' processes (or of the broker)."""
+    values = [r.broker_cpu_s if broker else r.cpu_s for r in runs]
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known) / records * 1e6:.1f}" if known else "?"
+
+
+def profile_summary(stats_path: Path, top: int = 14) -> str:
+    """The functions a cProfile run spent most in (own time), one line each."""
+    import pstats
+
+    stats = pstats.Stats(str(stats_path))
+    rows = []
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in raw.values()) or 1.0
+    for (file, line, function), entry in sorted(raw.items(), key=lambda kv: -kv[1][2])[:top]:
+        calls, own = entry[1], entry[2]
+        where = f"{Path(file).name}:{line}" if line else file
+        rows.append(f"  {own / total:6.1%} own  {calls:>10,} calls  {function} ({where})")
+    return "\n".join(rows)
+
+
+def run_bare_copy(
+    bootstrap: str,
+    broker: KafkaBroker | None,
+    counts: Sequence[int],
+    runs: int,
+    tmp: Path,
+    figures: list[bench_results.Figure],
+) -> int:
+    """`--bare-copy`: see the module's docstring."""
+    code = 0
+    for records in counts:
+        data = workload(records)
+        uniques = len({key for key, _ in data})
+        source = f"bare-vs-ours-{records}"
+        if broker is not None:
+            broker.create_topic(f"{source}-in", 1)
+        fill(bootstrap, f"{source}-in", data)
+        print(
+            f"[bench] --bare-copy: {records:,} records of ~300 B keyed by id, "
+            f"{DUPLICATE_SHARE:.0%} repeats, 1 partition; {runs} runs each, alternating",
+            flush=True,
+        )
+        order = [("ours", "bare"), ("bare", "ours")] * ((runs + 1) // 2)
+        done: dict[str, list[ProcessRun]] = {"ours": [], "bare": []}
+        for n, pair in enumerate(order[:runs]):
+            for side in pair:
+                name = f"{side}-{records}-{n}"
+                if broker is not None:
+                    for suffix in ("out", "dlq") if side == "ours" else ("out",):
+                        broker.create_topic(f"{name}-{suffix}", 1)
+                if side == "ours":  # every run reads the one input, with a group of its own
+                    command = ours_command(bootstrap, name, tmp / f"store-{name}")
+                    command[command.index("--input-topic") + 1] = f"{source}-in"
+                    group = names.default_consumer_group(name)
+                else:
+                    command = bare_command(bootstrap, f"{source}-in", name)
+                    group = f"bare-{name}"
+                run = run_process_over(
+                    command, side, bootstrap, broker, group, f"{source}-in", records,
+                    tmp / f"{name}.log",
+                )  # fmt: skip
+                out = count_committed(bootstrap, f"{name}-out")
+                expected = (uniques, uniques) if side == "ours" else (records, uniques)
+                ok = (out.records, out.distinct_keys) == expected
+                print(
+                    f"{side:4} run {n}: {run.rate(records):>9,.0f} records/s (steady "
+                    f"{run.steady_rate():,.0f}/s)  CPU {run.cpu_s / records * 1e6:.1f} us/record"
+                    + (
+                        f", broker {run.broker_cpu_s / records * 1e6:.1f} us/record"
+                        if run.broker_cpu_s is not None
+                        else ""
+                    )
+                    + f"  output {out.records:,} records, {out.distinct_keys:,} ids: "
+                    + ("ok" if ok else f"WRONG (expected {expected})"),
+                    flush=True,
+                )
+                if not ok:
+                    code = 1
+                done[side].append(run)
+                drop_topics(broker, f"{name}-out", f"{name}-dlq")
+        ours_rate = statistics.median(r.rate(records) for r in done["ours"])
+        bare_rate = statistics.median(r.rate(records) for r in done["bare"])
+        ours_steady = statistics.median(r.steady_rate() for r in done["ours"])
+        bare_steady = statistics.median(r.steady_rate() for r in done["bare"])
+        ratio, steady_ratio = ours_rate / bare_rate, ours_steady / bare_steady
+
+        print(
+            f"ours / bare copy at {records:,}: {ratio:.3f} (medians {ours_rate:,.0f} / "
+            f"{bare_rate:,.0f} records/s; steady {steady_ratio:.3f}: {ours_steady:,.0f} / "
+            f"{bare_steady:,.0f})  target >= {TARGET_BARE_COPY_RATIO}\n"
+            f"CPU per record (medians): ours {us_per_record(done['ours'], records)} us, bare "
+            f"{us_per_record(done['bare'], records)} us; the broker "
+            f"{us_per_record(done['ours'], records, True)} us under ours, "
+            f"{us_per_record(done['bare'], records, True)} us under the copy",
+            flush=True,
+        )
+        figures.append(
+            bench_results.Figure(
+                "worker_throughput.bare_copy",
+                f"ours / bare exactly-once copy, {bench_results.count_label(records)}",
+                f"{ratio:.2f} ({ours_rate:,.0f} / {bare_rate:,.0f} records/s, medians of "
+                f"{runs}; steady {steady_ratio:.2f})",
+                f">= {TARGET_BARE_COPY_RATIO}",
+            )
+        )
+        # where ours spends its time: one more run, under cProfile (slower; not timed)
+        name = f"profile-{records}"
+        if broker is not None:
+            for suffix in ("out", "dlq"):
+                broker.create_topic(f"{name}-{suffix}", 1)
+        stats_path = tmp / f"{name}.prof"
+        command = ours_command(bootstrap, name, tmp / f"store-{name}")
+        command[command.index("--input-topic") + 1] = f"{source}-in"
+        command[1:3] = ["-m", "cProfile", "-o", str(stats_path), "-m", "dedup_worker.cli"]
+        run_process_over(
+            command, "ours (profiled)", bootstrap, broker, names.default_consumer_group(name),
+            f"{source}-in", records, tmp / f"{name}.log",
+        )  # fmt: skip
+        if stats_path.exists():
+            print(
+                f"profile of ours (cProfile, main thread, own time):\n{profile_summary(stats_path)}"
+            )
+        drop_topics(broker, f"{source}-in", f"{name}-out", f"{name}-dlq")
+    return code
+
+
 def int_list(text: str) -> list[int]:
     try:
         values = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
@@ -1552,6 +1788,12 @@ def main() -> int:
     parser.add_argument(
         "--workers", type=int_list, default=[4, 16, 64], help="--commit-p99: W values"
     )
+    parser.add_argument(
+        "--bare-copy",
+        action="store_true",
+        help="ours (the CLI, as a process) against the bare exactly-once copy, alternating",
+    )
+    parser.add_argument("--runs", type=int, default=4, help="--bare-copy: runs of each")
     parser.add_argument("--bootstrap", help="use this broker instead of starting a local one")
     parser.add_argument(
         "--no-warm-up",
@@ -1602,6 +1844,10 @@ def run_modes(
         if broker is not None and not args.no_warm_up:
             print(f"[bench] warming the broker: ours over {WARM_UP_RECORDS:,} records, untimed")
             warm_broker(broker, Path(tmp) / "store-warm-up", args.batch_size)
+        if args.bare_copy:
+            return run_bare_copy(
+                bootstrap, broker, args.records or [2_000_000], args.runs, Path(tmp), figures
+            )
         if ownership_modes:
             code = 0
             tmp_path = Path(tmp)
