@@ -10,8 +10,9 @@ upgrade test installs it first: its chart and its image, built from its own sour
   own layers are new), tagged `localhost/dedup-operator-release:<digest>` (never pruned
   with this commit's builds) and `localhost/dedup-operator-release:<version>`.
 - **The archive** real nodes import (`node_images.NodeImage`), saved once per image under
-  `nodes/release-images/`, and the names the nodes give it:
-  `localhost/dedup-operator:<version>` (what the test's chart values and pipeline name).
+  `nodes/release-images/` (`real_node.image_archive`, as this commit's image is under
+  `nodes/images/`), and the names the nodes give it: `localhost/dedup-operator:<version>`
+  (what the test's chart values and pipeline name), never `:dev`.
 
     python -m dedup_local.previous_release build   # extract, build and save if needed
 """
@@ -23,13 +24,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .host import nodes_dir
-from .image import ensure_image_of, log, podman, podman_env
-from .paths import REPO_ROOT, cache_dir, versions
+from .image import ImageError, ensure_image_of, log, podman
+from .paths import REPO_ROOT, MissingArtifact, cache_dir, versions
+from .real_node import image_archive
 
 REPOSITORY = "localhost/dedup-operator-release"
 
@@ -85,8 +88,10 @@ def extract(commit: str, into: Path, repo: Path = REPO_ROOT) -> Path:
                 f"commit {commit} (the previous release, versions.env) is not in the clone "
                 f"at {repo}; fetch its history: git fetch --unshallow"
             )
+        log(f"extracting {commit[:12]} (git archive) into {into}")
         partial = Path(tempfile.mkdtemp(prefix=".src-", dir=into.parent))
         try:
+            partial.chmod(0o755)  # mkdtemp's 0700, as a checkout's top directory is not
             archive = subprocess.run(
                 ["git", "-C", str(repo), "archive", "--format=tar", commit],
                 capture_output=True,
@@ -100,33 +105,21 @@ def extract(commit: str, into: Path, repo: Path = REPO_ROOT) -> Path:
     return into
 
 
-def save_archive(ref: str, directory: Path) -> Path:
-    """`ref` as a docker-archive in `directory`, named by its content-addressed tag (saved
-    once; other archives there removed)."""
-    directory = directory if directory.is_absolute() else nodes_dir() / directory
-    directory.mkdir(parents=True, exist_ok=True)
-    tarball = directory / (ref.rsplit("/", 1)[-1].replace(":", "_") + ".tar")
-    podman_env()
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not tarball.exists():
-            partial = tarball.with_suffix(".tmp")
-            partial.unlink(missing_ok=True)
-            podman("save", "--format", "docker-archive", "-o", str(partial), ref, timeout=600)
-            partial.rename(tarball)
-            for old in directory.glob("*.tar"):
-                if old != tarball:
-                    old.unlink(missing_ok=True)
-    return tarball
-
-
 def ensure_previous_release() -> PreviousRelease:
+    """The previous release's tree, image and node archive, each made only if absent (a
+    second call takes a second or less). Raises PreviousReleaseError (commit not in the
+    clone), image.ImageError (the build failed) or MissingArtifact (podman missing)."""
     pinned = versions()
     version, commit = pinned["PREVIOUS_RELEASE"], pinned["PREVIOUS_RELEASE_COMMIT"]
+    started = time.monotonic()
     source = extract(commit, release_dir(version, commit) / "src")
+    log(f"previous release {version} ({commit[:12]}): tree {source}")
     ref = ensure_image_of(source, REPOSITORY)
     podman("tag", ref, f"{REPOSITORY}:{version}")
-    archive = save_archive(ref, Path("release-images"))
+    log(f"previous release {version}: image {ref} (also {REPOSITORY}:{version})")
+    archive = image_archive(ref, nodes_dir() / "release-images")
+    log(f"previous release {version}: archive {archive}, "
+        f"{time.monotonic() - started:.1f}s in all")  # fmt: skip
     return PreviousRelease(version, commit, source, ref, archive)
 
 
@@ -137,10 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         release = ensure_previous_release()
-    except PreviousReleaseError as exc:
-        print(f"previous release: {exc}", file=sys.stderr)
+    except (PreviousReleaseError, ImageError, MissingArtifact) as exc:
+        log(f"ERROR: previous release: {exc}")
         return 1
-    log(f"previous release {release.version}: {release.image_ref}, {release.archive}")
     print(release.image_ref)
     return 0
 

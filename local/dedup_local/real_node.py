@@ -139,24 +139,30 @@ def _require_tools() -> dict[str, Path]:
 
 def project_image_archive(ref: str | None = None) -> Path:
     """The project's image (`dedup_local.image`, built by `make setup-image`) as a
-    docker-archive tarball for `RealNode.import_image`, exported with `podman save` from
-    the project's podman store once per image: the file is named by the image's
-    content-addressed tag, and older ones are removed."""
-    from .image import built_ref, podman, podman_env
+    docker-archive tarball for `RealNode.import_image`: `image_archive` in `images/`."""
+    from .image import built_ref
 
-    ref = ref or built_ref()
-    images = nodes_dir() / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    tarball = images / (ref.rsplit("/", 1)[-1].replace(":", "_") + ".tar")
+    return image_archive(ref or built_ref(), nodes_dir() / "images")
+
+
+def image_archive(ref: str, directory: Path) -> Path:
+    """`ref` as a docker-archive tarball in `directory`, exported with `podman save` from
+    the project's podman store once per image: the file is named by the image's
+    content-addressed tag, and older ones in `directory` are removed (so each kind of
+    image, this commit's or the previous release's, has a directory of its own)."""
+    from .image import podman, podman_env
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tarball = directory / (ref.rsplit("/", 1)[-1].replace(":", "_") + ".tar")
     podman_env()
-    with (images / ".lock").open("w") as lock:
+    with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not tarball.exists():
             partial = tarball.with_suffix(".tmp")
             partial.unlink(missing_ok=True)
             podman("save", "--format", "docker-archive", "-o", str(partial), ref, timeout=600)
             partial.rename(tarball)
-            for old in images.glob("*.tar"):
+            for old in directory.glob("*.tar"):
                 if old != tarball:
                     old.unlink(missing_ok=True)
     return tarball

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dedup_local import previous_release
+from dedup_local import image, previous_release
 from dedup_local.paths import versions
 from dedup_local.previous_release import PreviousRelease, PreviousReleaseError, extract
 
@@ -62,3 +63,29 @@ def test_the_pinned_release_is_cached_by_version_and_commit() -> None:
         pinned["PREVIOUS_RELEASE"], pinned["PREVIOUS_RELEASE_COMMIT"]
     )
     assert where.name == f"{pinned['PREVIOUS_RELEASE']}-{pinned['PREVIOUS_RELEASE_COMMIT'][:12]}"
+
+
+def test_pruning_this_commits_builds_never_removes_the_releases_image(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`image._remove_older` runs after each new build of this commit's image: the
+    release's tags (another repository) and `:dev` stay, whatever podman lists."""
+    listed = [
+        f"{previous_release.REPOSITORY}:c72cf1bee715a723",
+        f"{previous_release.REPOSITORY}:0.1.0",
+        f"{image.REPOSITORY}:new",
+        image.DEV_TAG,
+        f"{image.REPOSITORY}:older",
+        f"{image.REPOSITORY}:oldest",
+    ]
+    removed: list[str] = []
+
+    def podman(*args: str, **_: Any) -> subprocess.CompletedProcess[str]:
+        if args[0] == "rmi":
+            removed.append(args[1])
+        return subprocess.CompletedProcess(args, 0, "\n".join(listed), "")
+
+    monkeypatch.setattr(image, "podman", podman)
+    image._remove_older(image.REPOSITORY, keep=f"{image.REPOSITORY}:new", builds=2)
+    assert removed == [f"{image.REPOSITORY}:oldest"]
+    assert not previous_release.REPOSITORY.startswith(image.REPOSITORY + ":")
