@@ -1812,6 +1812,8 @@ def main() -> int:
     ownership_modes = args.ownership_cost or args.round_robin or args.commit_p99
     if ownership_modes:
         peers = [peer for peer in peers if peer == "kstreams"]  # Quix has no part in these
+    if args.bare_copy:
+        peers = []  # its baseline is the bare copy, in the same invocation
     figures: list[bench_results.Figure] = []
     try:
         return run_modes(args, peers, ownership_modes, figures)
