@@ -271,6 +271,9 @@ def migrate_storage_forever() -> None:
             continue
         except NotLeader:
             continue
+        except Exception as exc:  # the API server unreachable a while: the thread stays
+            log.warning("storage-version migration: %s; again in %.0fs", exc, wait)
+            continue
         log.info("storage-version migration: %s", done.why)
         if done.why != storage_version.UNFINISHED:
             return
