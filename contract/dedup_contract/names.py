@@ -16,8 +16,9 @@ from typing import Final
 
 GROUP: Final = "dedup.io"
 VERSION: Final = "v1alpha1"
-"""The version the operator, the workers and dedupctl talk: served beside STORAGE_VERSION
-with the same schema (no conversion), so every object is seen whatever it is stored at."""
+"""The version the operator and dedupctl talk (the workers read no pipeline): served
+beside STORAGE_VERSION with the same schema (no conversion), so every object is seen
+whatever it is stored at."""
 STORAGE_VERSION: Final = "v1beta1"
 """The version the API server stores DedupPipelines at (crds/; the storage migration of
 dedup_operator.storage_version moves those written before it)."""
