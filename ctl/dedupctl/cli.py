@@ -214,7 +214,7 @@ class Cluster:
             )
         return out
 
-    def annotate_pipeline(self, name: str, key: str, value: str) -> None:
+    def patch_pipeline(self, name: str, patch: dict[str, Any]) -> None:
         self.call(
             f"patch deduppipelines {name} in namespace {self.namespace}",
             self.custom.patch_namespaced_custom_object,
@@ -223,8 +223,11 @@ class Cluster:
             self.namespace,
             names.PLURAL,
             name,
-            {"metadata": {"annotations": {key: value}}},
+            patch,
         )
+
+    def annotate_pipeline(self, name: str, key: str, value: str) -> None:
+        self.patch_pipeline(name, {"metadata": {"annotations": {key: value}}})
 
     def worker_pods(self, name: str) -> list[dict[str, Any]]:
         found = self.call(
@@ -238,16 +241,7 @@ class Cluster:
         return [self.api.sanitize_for_serialization(pod) for pod in items]  # type: ignore[no-untyped-call]
 
     def finalize_pipeline(self, name: str, release: str) -> None:
-        self.call(
-            f"patch deduppipelines {name} in namespace {self.namespace}",
-            self.custom.patch_namespaced_custom_object,
-            names.GROUP,
-            names.VERSION,
-            self.namespace,
-            names.PLURAL,
-            name,
-            {"spec": {"upgrade": {"finalizedRelease": release}}},
-        )
+        self.patch_pipeline(name, {"spec": {"upgrade": {"finalizedRelease": release}}})
 
     def apply_guard(self, policy: dict[str, Any], binding: dict[str, Any]) -> None:
         """Create or replace the rollback guard (cluster-scoped: a cluster admin's)."""
