@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from dedup_local import node_images
-from dedup_local.node_images import DATABASES, SEED_RECORD, SHARED, NodeImage, plant, seed_key
+from dedup_local.node_images import (
+    DATABASES,
+    SEED_RECORD,
+    SHARED,
+    NodeImage,
+    plant,
+    seed_key,
+    seed_record,
+)
 
 CONTAINERD = {"path": "/usr/bin/containerd", "size": "1", "mtime": "2"}
 
@@ -80,14 +88,49 @@ def test_a_gone_seed_is_a_clear_error(tmp_path: Path) -> None:
         plant(tmp_path / "nothing", tmp_path / "node" / "root")
 
 
+def write_seed(root: Path, images: list[NodeImage], containerd: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    (root / SEED_RECORD).write_text(json.dumps(seed_record(images, containerd)))
+    return root
+
+
 def test_a_seed_goes_once_an_archive_it_was_made_from_is_gone(tmp_path: Path) -> None:
     a = archive(tmp_path, "pause.tar")
     b = archive(tmp_path, "dedup-operator_abc.tar")
-    kept = tmp_path / "seed"
-    kept.mkdir()
-    (kept / SEED_RECORD).write_text(json.dumps([str(a), str(b)]))
+    kept = write_seed(tmp_path / "seed", [NodeImage(a), NodeImage(b, ("x:dev",))], CONTAINERD)
     assert not node_images._outdated(kept)
     b.unlink()  # a newer image's archive replaced it
     assert node_images._outdated(kept)
+    (kept / SEED_RECORD).write_text(json.dumps([str(a)]))  # the first format's record
+    assert node_images._outdated(kept)
     (kept / SEED_RECORD).unlink()  # a seed whose making was cut short
     assert node_images._outdated(kept)
+
+
+def test_a_seed_starts_from_the_made_seed_holding_the_most_of_its_images(
+    tmp_path: Path,
+) -> None:
+    pause, ours, previous, other = (
+        NodeImage(archive(tmp_path, "pause.tar")),
+        NodeImage(archive(tmp_path, "dedup-operator_new.tar"), ("x:dev",)),
+        NodeImage(archive(tmp_path, "dedup-operator-release_old.tar"), ("x:0.1.0",)),
+        NodeImage(archive(tmp_path, "dedup-operator_old.tar"), ("x:dev",)),
+    )
+    seeds = tmp_path / "seeds"
+    only_pause = write_seed(seeds / "p", [pause], CONTAINERD)
+    demo = write_seed(seeds / "d", [pause, ours], CONTAINERD)
+    write_seed(seeds / "o", [pause, other, previous], CONTAINERD)  # an image not wanted
+    write_seed(seeds / "c", [pause, ours, previous], {**CONTAINERD, "mtime": "3"})
+    renamed = NodeImage(ours.archive, ("x:other",))
+    write_seed(seeds / "t", [pause, renamed], CONTAINERD)  # the same archive, other tags
+    made = sorted(seeds.iterdir())
+
+    base, missing = node_images.base_seed([pause, ours, previous], CONTAINERD, made)
+    assert (base, missing) == (demo, [previous])  # only the previous release imported
+    base, missing = node_images.base_seed([pause, previous, ours], CONTAINERD, made)
+    assert (base, missing) == (demo, [previous])  # the order does not matter
+    base, missing = node_images.base_seed([previous, other], CONTAINERD, made)
+    assert (base, missing) == (None, [previous, other])  # none fits: all imported
+    ours.archive.unlink()  # the demo's seed is outdated: the pause seed is the best left
+    base, missing = node_images.base_seed([pause, previous], CONTAINERD, made)
+    assert (base, missing) == (only_pause, [previous])
