@@ -51,6 +51,7 @@ from support.cluster_fixtures import RESERVED_NODE, pod_log_tails
 from support.foreign_workload import foreign_pod
 from support.operator_helpers import (
     condition,
+    delete_every_pipeline,
     drop_finalizers,
     events,
     get_pipeline,
@@ -154,7 +155,7 @@ def test_chart_on_real_nodes(
     t_test = time.monotonic()
     timings: dict[str, float] = {}
     api = cluster.api_client()
-    _delete_pipelines(cluster)  # an earlier test's, its operator gone
+    delete_every_pipeline(cluster.api_client())  # an earlier test's, its operator gone
 
     # Real nodes, as `kubectl get nodes -o wide` shows them: the kubelet's version, the
     # containerd runtime, the bridge address.
@@ -400,29 +401,6 @@ class NodeWatch:
         self._thread.join(timeout=5)
 
 
-def _delete_pipelines(cluster: RealCluster) -> None:
-    """Every DedupPipeline of the cluster gone (finalizers dropped: no operator may be
-    running): an earlier test's pipeline, whose broker closed with that test, would make
-    the next operator log KafkaUnreachable about it."""
-    api = cluster.api_client()
-    custom = client.CustomObjectsApi(api)
-    found = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)
-    for item in found.get("items") or []:
-        ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
-        drop_finalizers(api, ns, name)
-        with contextlib.suppress(client.exceptions.ApiException):
-            custom.delete_namespaced_custom_object(
-                names.GROUP, names.VERSION, ns, names.PLURAL, name
-            )
-    wait_for(
-        lambda: (
-            not custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)["items"]
-        ),
-        60,
-        "no DedupPipeline left",
-    )
-
-
 class LogKeeper:
     """Keeps a copy of a pod's log, read every 0.3 s: the kubelet deletes a deleted pod's
     log files once it stops its containers (here: when the node is healed)."""
@@ -498,7 +476,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
     wait_for(
         lambda: core.list_namespaced_service_account(team).items, 60, f"{team}'s ServiceAccount"
     )
-    _delete_pipelines(cluster)  # an earlier test's, its broker gone
+    delete_every_pipeline(cluster.api_client())  # an earlier test's, its broker gone
     sets = [arg for value in VALUES for arg in ("--set", value)]
     helm_on(cluster, "install", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
@@ -647,7 +625,7 @@ def test_partitioned_real_node_fenced_not_tainted_foreign_pod_left_alone(
         if cut is not None:
             cluster.heal(cut)
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
-        _delete_pipelines(cluster)
+        delete_every_pipeline(cluster.api_client())
         cluster.kubectl("delete", "namespace", team, "--wait=false", check=False)
         timings["test total"] = time.monotonic() - t_test
         print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
@@ -679,7 +657,7 @@ def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
     wait_for(
         lambda: core.list_namespaced_service_account(team).items, 60, f"{team}'s ServiceAccount"
     )
-    _delete_pipelines(cluster)  # an earlier test's, its broker gone
+    delete_every_pipeline(cluster.api_client())  # an earlier test's, its broker gone
     sets = [arg for value in VALUES for arg in ("--set", value)]
     helm_on(cluster, "install", RELEASE, str(CHART), "--take-ownership", "--namespace", NAMESPACE,
             "--create-namespace", *sets, "--wait", "--timeout", "300s", timeout=330)  # fmt: skip
@@ -794,7 +772,7 @@ def test_partitioned_real_node_kubelet_only_worker_keeps_its_lease(
         if cut is not None:
             cluster.heal(cut)
         helm_on(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--ignore-not-found")
-        _delete_pipelines(cluster)
+        delete_every_pipeline(cluster.api_client())
         cluster.kubectl("delete", "namespace", team, "--wait=false", check=False)
         timings["test total"] = time.monotonic() - t_test
         print("timings (s):", {k: round(v, 1) for k, v in timings.items()})

@@ -42,7 +42,12 @@ from dedup_local.kafka import KafkaBroker
 from dedup_local.pod_health import unhealthy
 from dedup_local.previous_release import ensure_previous_release
 from dedup_local.real_cluster import RealCluster
-from support.operator_helpers import drop_finalizers, get_pipeline, wait_for
+from support.operator_helpers import (
+    delete_every_pipeline,
+    drop_finalizers,
+    get_pipeline,
+    wait_for,
+)
 from support.pipeline_traffic import Traffic, assert_output_exact, ready_pipeline
 from support.pipelines import cluster_pipeline_body
 
@@ -204,12 +209,7 @@ def replace_crd_with(cluster: RealCluster, path: Any) -> None:
     """The DedupPipeline CRD as the previous release installed it: every pipeline of the
     cluster deleted first (finalizers dropped: no operator runs), the CRD deleted, the
     released one created."""
-    api = cluster.api_client()
-    custom = client.CustomObjectsApi(api)
-    found = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)
-    for item in found.get("items") or []:
-        ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
-        drop_finalizers(api, ns, name)
+    delete_every_pipeline(cluster.api_client())
     cluster.kubectl("delete", "crd", names.CRD_NAME, "--ignore-not-found", "--wait=true",
                     timeout=120)  # fmt: skip
     cluster.kubectl("create", "-f", str(path))

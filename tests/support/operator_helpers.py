@@ -82,6 +82,31 @@ def drop_finalizers(api: ApiClient, ns: str, name: str) -> None:
             raise
 
 
+def delete_every_pipeline(api: ApiClient) -> None:
+    """Every DedupPipeline of the cluster gone, finalizers dropped first (no operator may
+    be running to release them): an earlier test's pipeline, whose broker closed with that
+    test, would make the next operator log KafkaUnreachable about it."""
+    custom = client.CustomObjectsApi(api)
+    found = custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)
+    for item in found.get("items") or []:
+        ns, name = item["metadata"]["namespace"], item["metadata"]["name"]
+        drop_finalizers(api, ns, name)
+        try:
+            custom.delete_namespaced_custom_object(
+                names.GROUP, names.VERSION, ns, names.PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for(
+        lambda: (
+            not custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL)["items"]
+        ),
+        60,
+        "no DedupPipeline left",
+    )
+
+
 def get_pipeline(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         found = client.CustomObjectsApi(api).get_namespaced_custom_object(
