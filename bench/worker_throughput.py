@@ -63,12 +63,15 @@ What dedup costs over the cheapest exactly-once pass (issue 52):
 * `--bare-copy`: the real `dedup-worker` CLI as a process with the defaults users get
   (window 7d), against `bench/peers/bare_copy.py`, a process on the same confluent-kafka
   that copies every record exactly once (read_committed batches of 5,000, 20 ms linger,
-  offsets in the transaction) and does nothing else; one input per count, each run its
-  own output and group, in the order ours, bare, bare, ours, ...; each run timed from
-  its process's start to its group's committed offset reaching the end (and steady: from
-  its first commit). Medians, ours/bare (target >= 0.8), CPU per record of each process
-  and of the broker, then one more run of ours under cProfile: the functions it spent
-  most in. Outputs checked: ours every id once, the copy every record.
+  offsets in the transaction) and does nothing else, each batch waiting for its commit
+  (as issue 52 defines it), and against the same copy `--pipelined` (a batch's commit
+  overlaps the consuming of the next, as the worker's does: the stricter baseline); one
+  input per count, each run its own output and group, in the order ours, bare, piped,
+  piped, bare, ours, ...; each run timed from its process's start to its group's
+  committed offset reaching the end (and steady: from its first commit). Medians,
+  ours/bare and ours/pipelined (target >= 0.8), CPU per record of each process and of
+  the broker, then one more run of ours under cProfile: the functions it spent most in.
+  Outputs checked: ours every id once, the copies every record.
 
 Targets on a 2-core machine: >= 100,000 records/s, >= 3x Quix Streams, >= 2x Kafka
 Streams at 2M and 5M records, commit p99 <= 100 ms.
@@ -1560,10 +1563,11 @@ def ours_command(bootstrap: str, name: str, store: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def bare_command(bootstrap: str, input_topic: str, name: str) -> list[str]:
+def bare_command(bootstrap: str, input_topic: str, name: str, pipelined: bool) -> list[str]:
     return [
         sys.executable, str(BARE_COPY), "--bootstrap", bootstrap, "--input", input_topic,
         "--output", f"{name}-out", "--group", f"bare-{name}",
+        *(["--pipelined"] if pipelined else []),
     ]  # fmt: skip
 
 
@@ -1611,10 +1615,11 @@ def run_bare_copy(
             f"{DUPLICATE_SHARE:.0%} repeats, 1 partition; {runs} runs each, alternating",
             flush=True,
         )
-        order = [("ours", "bare"), ("bare", "ours")] * ((runs + 1) // 2)
-        done: dict[str, list[ProcessRun]] = {"ours": [], "bare": []}
-        for n, pair in enumerate(order[:runs]):
-            for side in pair:
+        sides = ("ours", "bare", "piped")  # piped: the copy with --pipelined
+        order = [sides, sides[::-1]] * ((runs + 1) // 2)
+        done: dict[str, list[ProcessRun]] = {side: [] for side in sides}
+        for n, turn in enumerate(order[:runs]):
+            for side in turn:
                 name = f"{side}-{records}-{n}"
                 if broker is not None:
                     for suffix in ("out", "dlq") if side == "ours" else ("out",):
@@ -1624,7 +1629,7 @@ def run_bare_copy(
                     command[command.index("--input-topic") + 1] = f"{source}-in"
                     group = names.default_consumer_group(name)
                 else:
-                    command = bare_command(bootstrap, f"{source}-in", name)
+                    command = bare_command(bootstrap, f"{source}-in", name, side == "piped")
                     group = f"bare-{name}"
                 run = run_process_over(
                     command, side, bootstrap, broker, group, f"{source}-in", records,
@@ -1634,7 +1639,7 @@ def run_bare_copy(
                 expected = (uniques, uniques) if side == "ours" else (records, uniques)
                 ok = (out.records, out.distinct_keys) == expected
                 print(
-                    f"{side:4} run {n}: {run.rate(records):>9,.0f} records/s (steady "
+                    f"{side:5} run {n}: {run.rate(records):>9,.0f} records/s (steady "
                     f"{run.steady_rate():,.0f}/s)  CPU {run.cpu_s / records * 1e6:.1f} us/record"
                     + (
                         f", broker {run.broker_cpu_s / records * 1e6:.1f} us/record"
@@ -1649,30 +1654,35 @@ def run_bare_copy(
                     code = 1
                 done[side].append(run)
                 drop_topics(broker, f"{name}-out", f"{name}-dlq")
-        ours_rate = statistics.median(r.rate(records) for r in done["ours"])
-        bare_rate = statistics.median(r.rate(records) for r in done["bare"])
-        ours_steady = statistics.median(r.steady_rate() for r in done["ours"])
-        bare_steady = statistics.median(r.steady_rate() for r in done["bare"])
-        ratio, steady_ratio = ours_rate / bare_rate, ours_steady / bare_steady
-
-        print(
-            f"ours / bare copy at {records:,}: {ratio:.3f} (medians {ours_rate:,.0f} / "
-            f"{bare_rate:,.0f} records/s; steady {steady_ratio:.3f}: {ours_steady:,.0f} / "
-            f"{bare_steady:,.0f})  target >= {TARGET_BARE_COPY_RATIO}\n"
-            f"CPU per record (medians): ours {us_per_record(done['ours'], records)} us, bare "
-            f"{us_per_record(done['bare'], records)} us; the broker "
-            f"{us_per_record(done['ours'], records, True)} us under ours, "
-            f"{us_per_record(done['bare'], records, True)} us under the copy",
-            flush=True,
-        )
-        figures.append(
-            bench_results.Figure(
-                "worker_throughput.bare_copy",
-                f"ours / bare exactly-once copy, {bench_results.count_label(records)}",
-                f"{ratio:.2f} ({ours_rate:,.0f} / {bare_rate:,.0f} records/s, medians of "
-                f"{runs}; steady {steady_ratio:.2f})",
-                f">= {TARGET_BARE_COPY_RATIO}",
+        rates = {side: statistics.median(r.rate(records) for r in done[side]) for side in sides}
+        steady = {side: statistics.median(r.steady_rate() for r in done[side]) for side in sides}
+        cpu = {side: us_per_record(done[side], records) for side in sides}
+        broker_cpu = {side: us_per_record(done[side], records, True) for side in sides}
+        for copy, what in (("bare", "bare copy"), ("piped", "pipelined bare copy")):
+            ratio, steady_ratio = rates["ours"] / rates[copy], steady["ours"] / steady[copy]
+            print(
+                f"ours / {what} at {records:,}: {ratio:.3f} (medians {rates['ours']:,.0f} / "
+                f"{rates[copy]:,.0f} records/s; steady {steady_ratio:.3f}: "
+                f"{steady['ours']:,.0f} / {steady[copy]:,.0f})  target >= "
+                f"{TARGET_BARE_COPY_RATIO}",
+                flush=True,
             )
+            figures.append(
+                bench_results.Figure(
+                    "worker_throughput.bare_copy" + ("" if copy == "bare" else "_pipelined"),
+                    f"ours / {what.replace('bare', 'bare exactly-once')}, "
+                    f"{bench_results.count_label(records)}",
+                    f"{ratio:.2f} ({rates['ours']:,.0f} / {rates[copy]:,.0f} records/s, "
+                    f"medians of {runs}; steady {steady_ratio:.2f})",
+                    f">= {TARGET_BARE_COPY_RATIO}",
+                )
+            )
+        print(
+            f"CPU per record (medians): ours {cpu['ours']} us, bare {cpu['bare']} us, "
+            f"pipelined {cpu['piped']} us; the broker {broker_cpu['ours']} us under ours, "
+            f"{broker_cpu['bare']} us under the copy, {broker_cpu['piped']} us under the "
+            "pipelined copy",
+            flush=True,
         )
         # where ours spends its time: one more run, under cProfile (slower; not timed)
         name = f"profile-{records}"
