@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from itertools import compress
-from operator import not_
+from operator import methodcaller, not_
 from typing import NamedTuple, Protocol
 
 from dedup_contract.ids import (
@@ -20,11 +20,18 @@ from dedup_contract.ids import (
     id_key,
     id_keys,
     plain_field,
+    plain_header_ids,
     plain_json_id,
     plain_json_ids,
+    plain_key_ids,
 )
 
 Headers = list[tuple[str, bytes | None]]
+
+# A record's parts for `map` (driven from C: no Python call per record).
+_value = methodcaller("value")
+_key = methodcaller("key")
+_headers = methodcaller("headers")
 
 # Headers a dead letter carries besides the original record's own.
 DLQ_REASON = "dedup.reason"
@@ -158,13 +165,18 @@ class Triage:
 
 
 def triage(records: Sequence[InputRecord], spec: IdSpec) -> Triage:
-    # A top-level JSON field: a batch of plain string ids is decided at once
-    # (`plain_json_ids`); a batch with any other record, and other sources, take the
-    # rules record by record.
+    # A batch whose every record has a valid id is decided at once, without a Python
+    # call per record: a top-level JSON field of plain string ids (`plain_json_ids`), or
+    # every key or header an id (`plain_key_ids`, `plain_header_ids`). A batch with any
+    # other record, and a dotted JSON field, take the rules record by record.
     field = plain_field(spec)
-    message_ids = (
-        None if field is None else plain_json_ids(field, [record.value() for record in records])
-    )
+    message_ids: list[str] | None = None
+    if field is not None:
+        message_ids = plain_json_ids(field, list(map(_value, records)))
+    elif spec.source == "key":
+        message_ids = plain_key_ids(list(map(_key, records)))
+    elif spec.source == "header":
+        message_ids = plain_header_ids(spec.field, list(map(_headers, records)))
     if message_ids is None:
         return _triage_each(records, spec, field)
     return triage_known(records, message_ids, list(map(str.encode, message_ids)))

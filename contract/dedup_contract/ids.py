@@ -181,6 +181,35 @@ def plain_json_ids(field: str, values: Sequence[bytes | None]) -> list[str] | No
     return None
 
 
+def plain_key_ids(keys: Sequence[bytes | None]) -> list[str] | None:
+    """The batch form of ``extract_id`` for the ``key`` source: the ids of all records
+    whose ``keys`` are given when every one is an id (bytes, non-empty, at most
+    ``MAX_ID_BYTES``, UTF-8), else None (then each record takes ``extract_id``, which
+    names the reason). Driven from C (``map`` over ``bytes.decode``): a missing key
+    (``None``) or one that is not UTF-8 fails the batch as a whole."""
+    try:
+        if all(keys) and max(map(len, keys), default=0) <= MAX_ID_BYTES:  # type: ignore[arg-type]
+            return list(map(bytes.decode, keys))  # type: ignore[arg-type]
+    except (TypeError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def plain_header_ids(
+    name: str, headers: Sequence[Sequence[tuple[str, bytes | None]] | None]
+) -> list[str] | None:
+    """The batch form of ``extract_id`` for the ``header`` source: each record's last
+    header called ``name`` (a ``dict`` of a record's headers keeps the last value of each
+    name, as ``Headers.lastHeader``), decided as ``plain_key_ids`` decides keys. None when
+    any record has no headers, no such header or a null one, or its value is no id: then
+    each record takes ``extract_id``."""
+    try:
+        found = list(map(_document_get, map(dict, headers), repeat(name)))  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # dict(None); a header that is not a (name, value) pair
+        return None
+    return plain_key_ids(found)
+
+
 def id_key(message_id: str) -> bytes:
     """The store key of an id: BLAKE2b, 16-byte digest, over its UTF-8 bytes.
 

@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from dedup_contract import ids
 from dedup_contract.batch import Record, select_new, triage
 from dedup_contract.ids import IdSpec, InvalidRecord, extract_id, id_key
+from support.id_corpus import BAD_ID_BYTES, FAST_PATH_CORPUS, MALFORMED_JSON, PLAIN_JSON_CASES
 
 
 def rec(offset: int, value: bytes | None, key: bytes | None = None) -> Record:
@@ -157,3 +159,99 @@ def test_store_keys_are_hashed_only_for_the_rows_kept() -> None:
     assert kept.computed_keys == [id_key("b")]  # computed once
     assert split.firsts.keys == [id_key("a"), id_key("b")]
     assert split.firsts.where([True, False]).computed_keys == [id_key("a")]
+
+
+def random_bytes(rng: random.Random) -> bytes:
+    return bytes(rng.randrange(256) for _ in range(rng.randrange(12)))
+
+
+def mutated(rng: random.Random, value: bytes) -> bytes:
+    """`value` with one byte changed, dropped or doubled."""
+    at = rng.randrange(len(value))
+    changed = value[:at] + bytes([rng.randrange(256)]) + value[at + 1 :]
+    return rng.choice([changed, value[:at] + value[at + 1 :], value[: at + 1] + value[at:]])
+
+
+SOURCES = [IdSpec(), IdSpec("header", "event-id"), IdSpec("key")]
+GOOD_IDS = ["id-1", "id-2", "id-3", "zürich", "東京", "x" * 512, "a b "]
+
+
+def odd_value(rng: random.Random, spec: IdSpec) -> bytes | None:
+    """A value (of the record's id source) from the corpus, random bytes, or a good one
+    mutated: mostly not an id."""
+    if spec.source == "jsonField":
+        corpus: list[bytes | None] = [*MALFORMED_JSON[:-2], *FAST_PATH_CORPUS, *PLAIN_JSON_CASES]
+        good = json.dumps({"messageId": rng.choice(GOOD_IDS)}).encode()
+    else:
+        corpus = list(BAD_ID_BYTES)
+        good = rng.choice(GOOD_IDS).encode()
+    kind = rng.randrange(3)
+    if kind == 0:
+        return rng.choice(corpus)
+    return random_bytes(rng) if kind == 1 else mutated(rng, good)
+
+
+def record_of(
+    offset: int, spec: IdSpec, found: bytes | None, rng: random.Random, good: bool
+) -> Record:
+    """A record whose id source holds `found` (the other parts random); unless `good`, a
+    header source may lack the header."""
+    stamp = rng.choice([-1, 0, 1_000 + offset])
+    if spec.source == "jsonField":
+        return Record(offset, random_bytes(rng), found, None, stamp)
+    if spec.source == "key":
+        return Record(offset, found, random_bytes(rng), None, stamp)
+    others: list[tuple[str, bytes | None]] = [("other", random_bytes(rng))]
+    layout = rng.choice([0, 1, 3] if good else [0, 1, 2, 3])
+    if layout == 0:  # an earlier header of the name, overridden by the last
+        headers = [("event-id", b"earlier"), *others, ("event-id", found)]
+    elif layout == 1:  # a name that differs in case only: not the header
+        headers = [("Event-Id", b"x"), ("event-id", found)]
+    elif layout == 2:  # no header of the name, or none at all
+        return Record(offset, None, None, rng.choice([None, [], others]), stamp)
+    else:
+        headers = [*others, ("event-id", found)]
+    return Record(offset, None, None, headers, stamp)
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("spec", SOURCES, ids=lambda s: s.source)
+def test_every_source_triages_a_batch_as_the_replay_with_random_bytes(
+    spec: IdSpec, seed: int
+) -> None:
+    """The batch paths (`plain_json_ids`, `plain_key_ids`, `plain_header_ids`) against
+    the rules record by record, for each id source: batches of good ids with repeats
+    (decided at once) and batches mixing in the id rules' corpus, random bytes and good
+    ids with a byte changed (decided record by record). The split equals the replay's."""
+    rng = random.Random(seed)
+    good_only = seed % 2 == 0
+    records = []
+    for offset in range(rng.randint(0, 40)):
+        if not good_only and rng.random() < 0.3:
+            found = odd_value(rng, spec)
+        else:
+            message_id = rng.choice(GOOD_IDS)
+            found = (
+                json.dumps({"messageId": message_id, "n": offset}).encode()
+                if spec.source == "jsonField"
+                else message_id.encode()
+            )
+        records.append(record_of(offset, spec, found, rng, good_only))
+    split = triage(records, spec)
+    firsts, repeats, dead, newest = replay(records, spec)
+    assert [(c.record.offset(), c.message_id) for c in split.firsts] == firsts
+    assert [c.key for c in split.firsts] == [id_key(m) for _, m in firsts]
+    assert split.repeats == repeats
+    assert [(d.record.offset(), d.reason) for d in split.dead_letters] == dead
+    assert split.newest_ms == newest
+    if good_only and spec.source != "jsonField":
+        batch = (
+            ids.plain_key_ids([r.key() for r in records])
+            if spec.source == "key"
+            else ids.plain_header_ids(spec.field, [r.headers() for r in records])
+        )
+        assert batch == [extract(spec, r) for r in records]  # the fast path was taken
+
+
+def extract(spec: IdSpec, record: Record) -> str:
+    return extract_id(spec, record.key(), record.value(), record.headers())

@@ -17,6 +17,7 @@ from dedup_contract.ids import (
     extract_id,
     id_key,
 )
+from support.id_corpus import FAST_PATH_CORPUS, MALFORMED_JSON, PLAIN_JSON_CASES
 
 JSON = IdSpec()
 NESTED = IdSpec("jsonField", "meta.id")
@@ -95,23 +96,7 @@ def test_repeated_name_last_wins() -> None:
     assert from_value(b'{"messageId": "first", "messageId": "last"}') == "last"
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        b"{",
-        b'{"messageId": "a"',
-        b'{"messageId": "a"} trailing',
-        b'{"messageId": "a"}{"messageId": "b"}',
-        b"{'messageId': 'a'}",
-        b'{"messageId": NaN}',
-        b'{"messageId": "a", "x": Infinity}',
-        b'{"messageId": "a", "x": -Infinity}',
-        b"   ",
-        b"\xef\xbb\xbf{}",  # UTF-8 byte-order mark
-        b"[" * 100_000,  # nesting beyond the recursion limit
-        b'{"messageId": "a", "n": ' + b"9" * 5000 + b"}",  # int beyond CPython's digit limit
-    ],
-)
+@pytest.mark.parametrize("value", MALFORMED_JSON)
 def test_malformed_json(value: bytes) -> None:
     assert reason(JSON, value=value) == "not_json"
 
@@ -207,34 +192,6 @@ def test_id_key_is_blake2b_128_of_utf8() -> None:
 
 
 # The fast JSON path (orjson) must decide exactly as the standard parser does.
-FAST_PATH_CORPUS = [
-    b'{"messageId": "a"}',
-    b'{"messageId": "a", "messageId": "b"}',
-    b'{"messageId": 42}',
-    b'{"messageId": -0}',
-    b'{"messageId": 18446744073709551615}',
-    b'{"messageId": 18446744073709551616}',
-    b'{"messageId": -9223372036854775809}',
-    b'{"messageId": 100000000000000000000000000000001}',
-    b'{"messageId": 1e2}',
-    b'{"messageId": 42.0}',
-    b'{"messageId": "\\ud800"}',
-    b'{"messageId": "\\ud83d\\ude00"}',
-    b'\xef\xbb\xbf{"messageId": "bom"}',
-    b'{"messageId": NaN}',
-    b'{"messageId": Infinity}',
-    b'{"messageId": "x"} trailing',
-    b' \n{"messageId": "spaces"}\t ',
-    b"[" * 2000 + b"]" * 2000,
-    b'{"messageId": "' + b"x" * 600 + b'"}',
-    b'{"messageId": ""}',
-    b'{"messageId": true}',
-    b'{"meta": {"id": 1}}',
-    b'"just a string"',
-    b"\xff\xfe",
-    b'{"messageId": "caf\xc3\xa9"}',
-    b'{"messageId": "caf\xe9"}',
-]
 
 
 def outcome(value: bytes) -> str:
@@ -255,32 +212,6 @@ def test_fast_json_path_agrees_with_the_standard_parser(
 
     monkeypatch.setattr(ids, "_fast_loads", refuse)
     assert fast == outcome(value)
-
-
-PLAIN_JSON_CASES: list[bytes | None] = [
-    None,
-    b"",
-    b"{}",
-    b"[1]",
-    b'"a"',
-    b'{"messageId":"a"}',
-    b' {"messageId":"x"} ',
-    b'{"messageId":"a","messageId":"b"}',
-    b'{"messageId":""}',
-    b'{"messageId":"a b "}',
-    b'{"messageId":"\xc3\xa9"}',
-    b'{"messageId":"\\ud800"}',
-    b'{"messageId":1}',
-    b'{"messageId":12345678901234567890123}',
-    b'{"messageId":null}',
-    b'{"messageId":{"a":1}}',
-    b'{"messageId":"' + b"a" * 512 + b'"}',
-    b'{"messageId":"' + b"a" * 513 + b'"}',
-    b'\xef\xbb\xbf{"messageId":"a"}',
-    b'{"messageId":"a"} x',
-    b'{"messageId":NaN}',
-    b"\xff",
-]
 
 
 @pytest.mark.parametrize("value", PLAIN_JSON_CASES)
