@@ -12,18 +12,14 @@ started (issue 46). So a node's containerd starts from a *seed*:
   imported the pause image and the images the node asks for, and tagged them. It is
   made once per set of images (their archives are named by their content), under a
   machine-wide lock, and kept under `nodes_dir()/seeds/` until an archive it was made
-  from is gone. A seed is made from the largest seed already made whose images it holds
-  too (planted into the new one as into a node), so that only the images that one lacks
-  are imported: the local cluster's seed (the project's image and the previous release's)
-  starts from the demo's (the project's only), and a changed project image costs one
-  import, not one per image (each is about 75 s on two cores).
+  from is gone. It starts from the largest seed made whose images it holds too
+  (`base_seed`), so only the images that one lacks are imported.
 - **Planting** copies it into a node's containerd root before that containerd starts:
   the content blobs and the unpacked layers as hard links (both immutable: a blob is
   named by its digest, and overlayfs only reads its lower directories, a container's
   writes go to its own upper directory), the two bolt databases (containerd's
   metadata, the snapshotter's) as copies of their own. Each node's containerd then owns
-  its state as on a node whose disk came with the images, and its CRI plugin lists them
-  at start (containerd loads the `k8s.io` namespace's images when it starts).
+  its state as on a node whose disk came with the images.
 
 What differs from a node that pulled: the layers are not unpacked by that node's
 containerd, and the nodes share inodes of read-only files.
@@ -138,7 +134,10 @@ def base_seed(
 ) -> tuple[Path | None, list[NodeImage]]:
     """Of the seeds `made`, the one to start a seed of `images` from: made by the same
     containerd, holding only images of `images` (the same archive, size and tags), and
-    the most of them; and the images left to import into it. (None, all) if none fits."""
+    the most of them; and the images left to import into it. (None, all) if none fits.
+    So the local cluster's seed (the project's image and the previous release's) starts
+    from the demo's (the project's only): a changed project image costs one import, not
+    one per image (each about 35-75 s on two cores)."""
     wanted = {json.dumps(_described(image)): image for image in images}
     best: tuple[Path | None, set[str]] = (None, set())
     for root in made:
