@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         last = records[-1]
         offsets = [TopicPartition(args.input, args.partition, last.offset() + 1)]
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 60)
-        committing = committer.submit(producer.commit_transaction, 60)
-        if not args.pipelined:
-            committing.result()
+        if args.pipelined:
+            committing = committer.submit(producer.commit_transaction, 60)
+        else:
+            producer.commit_transaction(60)
         copied += len(records)
         batches += 1
     if committing is not None:

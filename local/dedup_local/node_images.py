@@ -145,7 +145,7 @@ def base_seed(
         if record is None or record["containerd"] != dict(containerd):
             continue
         held = {json.dumps(described) for described in record["images"]}
-        if held <= wanted.keys() and len(held) > len(best[1]) and not _outdated(root):
+        if held <= wanted.keys() and len(held) > len(best[1]) and _archives_present(record):
             best = (root, held)
     return best[0], [image for key, image in wanted.items() if key not in best[1]]
 
@@ -191,9 +191,12 @@ def _outdated(seed_root: Path) -> bool:
     """A seed goes once an archive it was made from is gone (a newer image replaced it:
     `real_node.project_image_archive` keeps the newest only), or it is of another format."""
     record = _read_record(seed_root)
-    if record is None:
-        return True
-    return not all(Path(described[0]).is_file() for described in record["images"])
+    return record is None or not _archives_present(record)
+
+
+def _archives_present(record: Mapping[str, Any]) -> bool:
+    """Every archive a seed's record names is still there."""
+    return all(Path(described[0]).is_file() for described in record["images"])
 
 
 def containerd_config(comment: str, *, root: Path, state: Path, socket: Path, cri: bool) -> str:
