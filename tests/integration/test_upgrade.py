@@ -179,7 +179,10 @@ def rolled(
         return (
             len(pods) == WORKERS
             and all(p.spec.containers[0].image == image and check(p) for p in pods)
-            and all(all(s.ready for s in p.status.container_statuses or [False]) for p in pods)
+            and all(
+                p.status.container_statuses and all(s.ready for s in p.status.container_statuses)
+                for p in pods
+            )
         )
 
     try:
